@@ -1,0 +1,64 @@
+"""The one settings object: every configuration variable of the control plane (12-factor)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FTPLANE_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".ftplane"), description="Embedded state: SQLite, broker, local job runs.")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite under data_dir.")
+    redis_url: str | None = Field(default=None, description="Celery broker and results; default: embedded broker.")
+    host: str = Field(default="127.0.0.1", description="Address `ftplane serve` listens on.")
+    port: int = Field(default=8000, ge=1, le=65535)
+    public_url: str | None = Field(
+        default=None, description="URL trainers use to reach the API; default http://HOST:PORT."
+    )
+    auth: Literal["enabled", "disabled"] | None = Field(
+        default=None, description="Default: enabled; `disabled` is refused on a non-loopback host."
+    )
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    supervise_interval_s: float = Field(default=2.0, gt=0)
+    local_runs_dir: Path | None = Field(default=None, description="Local backend run state; default data_dir/runs.")
+    kube_context: str | None = Field(default=None, description="kubeconfig context; in-cluster config when unset.")
+    kube_in_cluster: bool | None = Field(default=None, description="Force in-cluster config (default: auto).")
+    webhook_allow_private: bool = Field(
+        default=False, description="Allow webhook targets in loopback, private and link-local ranges."
+    )
+    webhook_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    log_level: str = "INFO"
+    log_format: Literal["json", "text"] = "text"
+    db_pool_size: int = Field(default=10, ge=1)
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'ftplane.db').resolve()}"
+
+    @property
+    def resolved_public_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def resolved_runs_dir(self) -> Path:
+        return (self.local_runs_dir or self.data_dir / "runs").resolve()
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth != "disabled"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

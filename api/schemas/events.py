@@ -1,0 +1,147 @@
+"""The event vocabulary and the report bodies the trainer and backends send.
+
+Every fact about a job is an append-only event; heartbeats are not events,
+they only update per-rank liveness.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_EVENTS_PER_BATCH = 1000
+MAX_HEARTBEATS_PER_BATCH = 20000
+MAX_DETAILS_KEYS = 64
+
+
+class EventType(StrEnum):
+    submitted = "submitted"
+    scheduled = "scheduled"
+    running = "running"
+    heartbeat_lost = "heartbeat_lost"
+    hang_detected = "hang_detected"
+    rank_failed = "rank_failed"
+    node_failed = "node_failed"
+    inprocess_restart = "inprocess_restart"
+    injob_restart = "injob_restart"
+    job_restart = "job_restart"
+    node_excluded = "node_excluded"
+    checkpoint_saved = "checkpoint_saved"
+    checkpoint_loaded = "checkpoint_loaded"
+    fault_injected = "fault_injected"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+RESTART_TYPES = frozenset({EventType.inprocess_restart, EventType.injob_restart, EventType.job_restart})
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+
+
+class EventIn(BaseModel):
+    """One event as reported by a trainer or a backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: IdempotencyKey = Field(description="Sender-chosen idempotency key, unique per job.")
+    type: EventType
+    ts: datetime | None = Field(default=None, description="When it happened; defaults to receipt time.")
+    attempt: int | None = Field(default=None, ge=0, le=10_000, description="Defaults to the job's current attempt.")
+    rank: int | None = Field(default=None, ge=0, le=1_000_000)
+    node: str | None = Field(default=None, max_length=253)
+    step: int | None = Field(default=None, ge=0, le=10**12)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("details")
+    @classmethod
+    def _bounded_details(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > MAX_DETAILS_KEYS:
+            raise ValueError(f"at most {MAX_DETAILS_KEYS} keys allowed")
+        return value
+
+
+class EventBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_BATCH)
+
+
+class EventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    job_id: str
+    attempt: int
+    type: EventType
+    ts: datetime
+    rank: int | None
+    node: str | None
+    step: int | None
+    details: dict[str, Any]
+    key: str
+
+
+class EventBatchResult(BaseModel):
+    stored: int = Field(description="Events newly stored by this request.")
+    duplicates: int = Field(description="Events already stored under the same key (a resend).")
+
+
+class EventPage(BaseModel):
+    items: list[EventOut]
+    next_cursor: str | None
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=0, le=1_000_000)
+    step: int = Field(ge=0, le=10**12)
+    ts: datetime | None = None
+    node: str | None = Field(default=None, max_length=253)
+    throughput: float | None = Field(default=None, ge=0, le=1e15, description="Tokens or samples per second.")
+    loss: float | None = Field(default=None, ge=-1e12, le=1e12)
+
+
+class HeartbeatBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    attempt: int | None = Field(default=None, ge=0, le=10_000)
+    heartbeats: list[HeartbeatIn] = Field(min_length=1, max_length=MAX_HEARTBEATS_PER_BATCH)
+
+
+class FaultDirective(BaseModel):
+    """A fault the control plane asks the trainer to inject (delivered in heartbeat replies)."""
+
+    id: str
+    kind: str
+    rank: int
+    at_step: int | None = None
+
+
+class HeartbeatResult(BaseModel):
+    accepted: int
+    faults: list[FaultDirective] = Field(
+        default_factory=list, description="Faults the trainer should inject, at the rank and step given."
+    )
+
+
+class RankOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    rank: int
+    attempt: int
+    node: str | None
+    step: int
+    last_seen: datetime
+    throughput: float | None
+    loss: float | None
+    stale: bool = False
