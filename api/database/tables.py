@@ -65,6 +65,8 @@ class Job(Base):
     status_reason: Mapped[str | None] = mapped_column(Text, default=None)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     excluded_nodes: Mapped[list[Any]] = mapped_column(default=list)
+    # Highest step reached before each restart, in order: a run that never gets past it is stuck.
+    failure_steps: Mapped[list[Any]] = mapped_column(default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -81,6 +83,8 @@ class Attempt(Base):
     status: Mapped[str] = mapped_column(String(16))
     cause: Mapped[str | None] = mapped_column(Text, default=None)
     in_job_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    max_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    launched_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -131,13 +135,15 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(200))
     digest: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[str] = mapped_column(String(16))  # admin | trainer
-    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), default=None, index=True)
+    job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), default=None, index=True
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class PendingFault(Base):
-    """A fault asked of a running job that the trainer itself must inject (delivered with heartbeat replies)."""
+    """A fault the trainer itself must inject (delivered with heartbeat replies)."""
 
     __tablename__ = "pending_faults"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -55,7 +55,9 @@ class EventIn(BaseModel):
     key: IdempotencyKey = Field(description="Sender-chosen idempotency key, unique per job.")
     type: EventType
     ts: datetime | None = Field(default=None, description="When it happened; defaults to receipt time.")
-    attempt: int | None = Field(default=None, ge=0, le=10_000, description="Defaults to the job's current attempt.")
+    attempt: int | None = Field(
+        default=None, ge=0, le=10_000, description="Defaults to the job's current attempt."
+    )
     rank: int | None = Field(default=None, ge=0, le=1_000_000)
     node: str | None = Field(default=None, max_length=253)
     step: int | None = Field(default=None, ge=0, le=10**12)

@@ -132,5 +132,6 @@ def launcher_arguments(spec: JobSpec, *, nnodes: int, rdzv_endpoint: str, rdzv_i
         f"--ft-rank-heartbeat-timeout={r.heartbeat_timeout_s}",
         "--ft-restart-policy=any-failed",
         "--monitor-interval=1",
+        "--no-python",  # the spec's command is a full command line, not a script for the launcher's Python
         *spec.command,
     ]

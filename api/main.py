@@ -1,0 +1,31 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from api.core import errors
+from api.core.config import Settings, get_settings
+from api.core.limits import BodySizeLimit
+from api.core.logging import configure_logging
+from api.routes import health, jobs, reports, tokens
+
+
+def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+    configure_logging(settings)
+    if migrate:
+        from api.core.db import upgrade_to_head
+
+        upgrade_to_head(settings)
+    app = FastAPI(
+        title="ftplane",
+        version="0.1.0",
+        description="Control plane for fault-tolerant distributed PyTorch training.",
+        docs_url="/docs",
+    )
+    errors.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    for router in (health.router, jobs.router, reports.router, tokens.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,86 @@
+"""Event store: append-only, idempotent by (job, sender-supplied key)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.database.tables import Event, Job
+from api.models.upsert import insert_for, max_rows_per_statement
+from api.schemas.events import EventIn, utcnow
+
+
+def _row(job: Job, event: EventIn, received_at: datetime) -> dict[str, object]:
+    return {
+        "job_id": job.id,
+        "attempt": job.attempt if event.attempt is None else event.attempt,
+        "type": event.type.value,
+        "ts": event.ts or received_at,
+        "received_at": received_at,
+        "rank": event.rank,
+        "node": event.node,
+        "step": event.step,
+        "details": event.details,
+        "key": event.key,
+    }
+
+
+def store(session: Session, job: Job, events: Sequence[EventIn]) -> list[Event]:
+    """Store the events not stored before; returns the new rows (a resend returns none)."""
+    unique: dict[str, EventIn] = {}
+    for event in events:
+        unique.setdefault(event.key, event)
+    if not unique:
+        return []
+    received_at = utcnow()
+    rows = [_row(job, e, received_at) for e in unique.values()]
+    new_keys: list[str] = []
+    chunk = max_rows_per_statement(session, len(rows[0]))
+    for start in range(0, len(rows), chunk):
+        stmt = (
+            insert_for(session, Event)
+            .values(rows[start : start + chunk])
+            .on_conflict_do_nothing(index_elements=["job_id", "key"])
+            .returning(Event.key)
+        )
+        new_keys.extend(session.execute(stmt).scalars())
+    if not new_keys:
+        return []
+    stored = session.scalars(select(Event).where(Event.job_id == job.id, Event.key.in_(new_keys))).all()
+    return sorted(stored, key=lambda e: e.id)
+
+
+def record(session: Session, job: Job, event: EventIn) -> Event | None:
+    """Store one event; None when its key was already stored."""
+    stored = store(session, job, [event])
+    return stored[0] if stored else None
+
+
+def page(
+    session: Session,
+    job_id: str,
+    *,
+    types: Sequence[str] = (),
+    since: datetime | None = None,
+    until: datetime | None = None,
+    after_id: int = 0,
+    limit: int = 100,
+) -> list[Event]:
+    query = select(Event).where(Event.job_id == job_id, Event.id > after_id)
+    if types:
+        query = query.where(Event.type.in_(list(types)))
+    if since is not None:
+        query = query.where(Event.ts >= since)
+    if until is not None:
+        query = query.where(Event.ts < until)
+    return list(session.scalars(query.order_by(Event.id).limit(limit)))
+
+
+def of_job(session: Session, job_id: str, *, types: Sequence[str] = ()) -> list[Event]:
+    query = select(Event).where(Event.job_id == job_id)
+    if types:
+        query = query.where(Event.type.in_(list(types)))
+    return list(session.scalars(query.order_by(Event.ts, Event.id)))

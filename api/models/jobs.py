@@ -1,0 +1,105 @@
+"""Job rows: creation, look-up and listing with cursor pagination."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from api.core.security import new_id
+from api.database.tables import Attempt, Job
+from api.schemas.events import utcnow
+from api.schemas.spec import JobSpec
+
+
+def create(session: Session, spec: JobSpec) -> Job:
+    now = utcnow()
+    job = Job(
+        id=new_id(),
+        name=spec.name,
+        backend=spec.backend,
+        status="PENDING",
+        spec=spec.model_dump(mode="json"),
+        labels=dict(spec.labels),
+        attempt=0,
+        job_restarts=0,
+        excluded_nodes=[],
+        failure_steps=[],
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(job)
+    session.flush()  # the attempt row references the job
+    session.add(Attempt(job_id=job.id, number=0, status="PENDING", created_at=now))
+    session.flush()
+    return job
+
+
+def get(session: Session, job_id: str, *, for_update: bool = False) -> Job | None:
+    query = select(Job).where(Job.id == job_id)
+    if for_update:
+        query = query.with_for_update()
+    return session.scalar(query)
+
+
+def attempt_row(session: Session, job_id: str, number: int) -> Attempt | None:
+    return session.scalar(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number))
+
+
+def attempts(session: Session, job_id: str) -> list[Attempt]:
+    return list(session.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)))
+
+
+def encode_cursor(job: Job) -> str:
+    raw = json.dumps([job.created_at.isoformat(), job.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """Raises ValueError on a cursor this server did not make."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return datetime.fromisoformat(created), str(job_id)
+    except Exception as exc:  # any malformed input is the caller's error
+        raise ValueError("cursor is not one this server returned") from exc
+
+
+def page(
+    session: Session,
+    *,
+    statuses: Sequence[str] = (),
+    labels: dict[str, str] | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> tuple[list[Job], str | None]:
+    """Newest first. Label filtering is exact-match on every given label."""
+    query = select(Job)
+    if statuses:
+        query = query.where(Job.status.in_(list(statuses)))
+    if cursor:
+        created, job_id = decode_cursor(cursor)
+        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
+    query = query.order_by(Job.created_at.desc(), Job.id.desc())
+    wanted = labels or {}
+    found: list[Job] = []
+    # Labels are JSON; filter in Python over bounded windows so SQLite and PostgreSQL behave alike.
+    offset = 0
+    window = max(limit * 4, 200)
+    while len(found) <= limit:
+        batch = list(session.scalars(query.offset(offset).limit(window)))
+        found.extend(j for j in batch if all(j.labels.get(k) == v for k, v in wanted.items()))
+        if len(batch) < window:
+            break
+        offset += window
+    items = found[:limit]
+    next_cursor = encode_cursor(items[-1]) if len(found) > limit else None
+    return items, next_cursor
+
+
+def active(session: Session, statuses: Sequence[str]) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.status.in_(list(statuses))).order_by(Job.created_at)))

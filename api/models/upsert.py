@@ -1,0 +1,23 @@
+"""Dialect-aware INSERT ... ON CONFLICT, the building block of idempotent ingest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+
+def insert_for(session: Session, table: Any) -> Any:
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(table)
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    raise RuntimeError(f"unsupported database dialect {dialect!r}: use PostgreSQL or SQLite")
+
+
+def max_rows_per_statement(session: Session, columns: int) -> int:
+    """Rows per multi-VALUES statement that stay under the driver's bound-parameter limit."""
+    limit = 65_000 if session.get_bind().dialect.name == "postgresql" else 32_000
+    return max(1, limit // max(1, columns))

@@ -1,0 +1,107 @@
+"""`/v1/jobs`: submit, list, describe, cancel, inject faults."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, BackgroundTasks, Query, status
+
+from api.core.errors import ApiError
+from api.database.tables import Job
+from api.deps import AdminDep, SessionDep
+from api.models import events as event_store
+from api.models import jobs as job_store
+from api.schemas.events import EventOut
+from api.schemas.jobs import AttemptOut, FaultIn, FaultOut, JobCreated, JobDetail, JobOut, JobPage
+from api.schemas.spec import JobSpec
+from api.services import dispatch, lifecycle
+from api.services import jobs as job_service
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def load_job(session: SessionDep, job_id: str, *, for_update: bool = False) -> Job:
+    job = job_store.get(session, job_id, for_update=for_update)
+    if job is None:
+        raise ApiError(404, f"no job with id {job_id!r}", field="job_id")
+    return job
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobCreated)
+def submit_job(spec: JobSpec, session: SessionDep, background: BackgroundTasks, _: AdminDep) -> JobCreated:
+    """Accept a job spec. The job starts PENDING; a worker launches it. The trainer token is shown once."""
+    job, token = job_service.submit(session, spec)
+    session.commit()
+    background.add_task(dispatch.send, dispatch.SUBMIT_JOB, job.id)
+    return JobCreated.model_validate({**JobOut.model_validate(job).model_dump(), "token": token})
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    session: SessionDep,
+    _: AdminDep,
+    status_: Annotated[list[lifecycle.JobStatus], Query(alias="status")] = [],  # noqa: B006
+    label: Annotated[list[str], Query(description="key=value; every given label must match")] = [],  # noqa: B006
+    cursor: str | None = Query(default=None, max_length=512),
+    limit: int = Query(default=50, ge=1, le=500),
+) -> JobPage:
+    labels: dict[str, str] = {}
+    for item in label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ApiError(422, f"label filter {item!r} must look like key=value", field="label")
+        labels[key] = value
+    try:
+        items, next_cursor = job_store.page(
+            session, statuses=[s.value for s in status_], labels=labels, cursor=cursor, limit=limit
+        )
+    except ValueError as exc:
+        raise ApiError(422, str(exc), field="cursor") from exc
+    return JobPage(items=[JobOut.model_validate(j) for j in items], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobDetail)
+def get_job(job_id: str, session: SessionDep, _: AdminDep) -> JobDetail:
+    job = load_job(session, job_id)
+    recent = event_store.page(session, job.id, limit=10_000)[-20:]
+    return JobDetail.model_validate(
+        {
+            **JobOut.model_validate(job).model_dump(),
+            "attempts": [AttemptOut.model_validate(a) for a in job_store.attempts(session, job.id)],
+            "recent_events": [EventOut.model_validate(e) for e in recent],
+        }
+    )
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED)
+def cancel_job(job_id: str, session: SessionDep, background: BackgroundTasks, _: AdminDep) -> JobOut:
+    """Ask for the job to end. A PENDING job is cancelled at once; a launched one once torn down."""
+    job = load_job(session, job_id, for_update=True)
+    if job_service.request_cancel(session, job):
+        background.add_task(dispatch.send, dispatch.CANCEL_JOB, job.id)
+    session.commit()
+    return JobOut.model_validate(job)
+
+
+@router.post("/{job_id}/faults", response_model=FaultOut, status_code=status.HTTP_202_ACCEPTED)
+def inject_fault(
+    job_id: str, fault: FaultIn, session: SessionDep, background: BackgroundTasks, _: AdminDep
+) -> FaultOut:
+    """Inject a fault into a running job (recorded as fault_injected when it fires)."""
+    job = load_job(session, job_id)
+    if job.status not in (
+        lifecycle.JobStatus.RUNNING,
+        lifecycle.JobStatus.RECOVERING,
+        lifecycle.JobStatus.SUBMITTED,
+    ):
+        raise ApiError(
+            409, f"job is {job.status}; faults can only be injected into a running job", field="job_id"
+        )
+    world = lifecycle.spec_of(job).world_size
+    if fault.rank >= world:
+        raise ApiError(422, f"rank {fault.rank} is outside the job's {world} ranks", field="rank")
+    out = job_service.request_fault(session, job, fault)
+    session.commit()
+    if out.delivery == "backend":
+        background.add_task(dispatch.send, dispatch.INJECT_FAULT, job.id, out.model_dump())
+    return out

@@ -1,0 +1,87 @@
+"""Shapes of the jobs API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from api.schemas.events import EventOut
+
+
+class AttemptOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    number: int
+    status: str
+    cause: str | None
+    in_job_restarts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    name: str
+    backend: str
+    status: str
+    status_reason: str | None
+    attempt: int
+    job_restarts: int
+    labels: dict[str, str]
+    excluded_nodes: list[str]
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    spec: dict[str, Any]
+
+
+class JobCreated(JobOut):
+    token: str = Field(description="The job-scoped trainer token. Shown once; store it now.")
+
+
+class JobDetail(JobOut):
+    attempts: list[AttemptOut]
+    recent_events: list[EventOut]
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None
+
+
+class FaultIn(BaseModel):
+    """A fault to inject into a running job: at `at_step`, or now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["exception", "crash", "hang", "node_loss"]
+    rank: int = Field(ge=0, le=1_000_000)
+    at_step: int | None = Field(default=None, ge=0, le=10**12)
+    now: bool = False
+
+    @model_validator(mode="after")
+    def _when(self) -> FaultIn:
+        if (self.at_step is None) == (not self.now):
+            raise ValueError("give exactly one of at_step or now: true")
+        if self.kind == "node_loss" and not self.now:
+            raise ValueError("node_loss can only be injected now")
+        return self
+
+
+class FaultOut(BaseModel):
+    id: str
+    job_id: str
+    attempt: int
+    kind: str
+    rank: int
+    at_step: int | None
+    delivery: Literal["backend", "trainer"] = Field(
+        description="backend: signalled by the execution backend; trainer: the trainer injects it itself."
+    )

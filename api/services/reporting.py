@@ -1,0 +1,64 @@
+"""Ingest of what trainers and backends report: events (idempotent) and heartbeats (liveness)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from api.database.tables import Event, Job, PendingFault
+from api.models import events as event_store
+from api.models import liveness
+from api.schemas.events import EventBatch, EventIn, EventType, FaultDirective, HeartbeatBatch, utcnow
+from api.services import lifecycle, notifications
+
+
+def ingest_events(session: Session, job: Job, batch: EventBatch) -> tuple[list[Event], int]:
+    """Store new events, apply what they mean to the job; returns (new rows, duplicates)."""
+    stored = event_store.store(session, job, batch.events)
+    by_key = {e.key: e for e in batch.events}
+    for row in stored:
+        reported = by_key[row.key]
+        lifecycle.apply_reported_event(session, job, reported)
+        if row.type == EventType.fault_injected:
+            _mark_fault_fired(session, job.id, reported)
+    notifications.events_stored(session, job, stored)
+    return stored, len({e.key for e in batch.events}) - len(stored)
+
+
+def record_events(session: Session, job: Job, events: list[EventIn]) -> list[Event]:
+    """The control plane's own reports (supervisor, backends) go through the same path."""
+    if not events:
+        return []
+    stored, _ = ingest_events(session, job, EventBatch(events=events))
+    return stored
+
+
+def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tuple[int, list[FaultDirective]]:
+    attempt = job.attempt if batch.attempt is None else batch.attempt
+    if attempt < job.attempt:
+        return 0, []  # a straggler of an attempt already replaced: nothing to learn from it
+    accepted = liveness.record_heartbeats(session, job.id, attempt, batch.heartbeats)
+    ranks = {b.rank for b in batch.heartbeats}
+    pending = session.scalars(
+        select(PendingFault).where(
+            PendingFault.job_id == job.id,
+            PendingFault.attempt == attempt,
+            PendingFault.delivered_at.is_(None),
+        )
+    ).all()
+    faults = [
+        FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step)
+        for f in pending
+        if f.rank in ranks
+    ]
+    return accepted, faults
+
+
+def _mark_fault_fired(session: Session, job_id: str, event: EventIn) -> None:
+    fault_id = event.details.get("fault_id") or event.details.get("id")
+    if isinstance(fault_id, str):
+        session.execute(
+            update(PendingFault)
+            .where(PendingFault.job_id == job_id, PendingFault.id == fault_id)
+            .values(delivered_at=utcnow())
+        )

@@ -1,0 +1,308 @@
+"""The local backend: each attempt is an `ft_launcher` process tree on this machine (CPU + gloo).
+
+State lives on disk under `FTPLANE_LOCAL_RUNS_DIR/<job>/a<attempt>/`: `launch.json`
+(runner pid, start time, command), `launcher.log`, the trainer token (mode 0600)
+and `exit_code`, written by the runner when the launcher ends. A worker that
+restarts reads it back, so running jobs are re-adopted, not lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from api.core.config import get_settings
+from api.schemas.spec import JobSpec
+from workers.backends.base import (
+    AttemptPhase,
+    AttemptStatus,
+    FaultNotSupported,
+    FaultRequest,
+    LaunchRequest,
+    ObservedEvent,
+    launcher_arguments,
+    trainer_environment,
+)
+
+RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+GROUP_RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
+LOG_TAIL_BYTES = 64 * 1024
+TERMINATE_GRACE_S = 10.0
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LocalAttempt:
+    """The on-disk record of one local attempt."""
+
+    path: Path
+
+    @property
+    def launch_file(self) -> Path:
+        return self.path / "launch.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.path / "launcher.log"
+
+    def launched(self) -> dict[str, object] | None:
+        try:
+            return dict(json.loads(self.launch_file.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def exit_code(self) -> int | None:
+        try:
+            return int((self.path / "exit_code").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def log_tail(self) -> str:
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_text(self) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time in clock ticks since boot: tells a live process from a recycled pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie has ended
+        return None
+    return int(fields[19])
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, runs_dir: Path | None = None) -> None:
+        self.runs_dir = runs_dir or get_settings().resolved_runs_dir
+
+    def attempt_dir(self, job_id: str, attempt: int) -> LocalAttempt:
+        return LocalAttempt(self.runs_dir / job_id / f"a{attempt}")
+
+    def command(self, request: LaunchRequest, port: int) -> list[str]:
+        rdzv_id = f"{request.job_id[:12]}-a{request.attempt}"
+        return launcher_arguments(request.spec, nnodes=1, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=rdzv_id)
+
+    def render(self, request: LaunchRequest) -> str:
+        env = trainer_environment(request)
+        env["FTPLANE_TOKEN"] = "<job token>"
+        lines = [
+            f"# job {request.job_id} attempt {request.attempt}: one ft_launcher process tree on this host"
+        ]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        lines.append(shlex.join(self.command(request, port=29500)))
+        return "\n".join(lines) + "\n"
+
+    def launch(self, request: LaunchRequest) -> None:
+        run = self.attempt_dir(request.job_id, request.attempt)
+        if run.launched() is not None:
+            return
+        run.path.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        command = self.command(request, port)
+        bin_dir = str(Path(sys.executable).parent)
+        launcher = shutil.which("ft_launcher", path=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+        if launcher is None:
+            raise RuntimeError("ft_launcher not found: install ftplane with the [trainer] extra")
+        command[0] = launcher
+        env = dict(os.environ)
+        env.update(trainer_environment(request))
+        env.update(
+            {
+                "FTPLANE_TOKEN": request.token,
+                "FTPLANE_MASTER_ADDR": "127.0.0.1",
+                "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if request.spec.checkpoint.dir:
+            Path(request.spec.checkpoint.dir).mkdir(parents=True, exist_ok=True)
+        runner = [sys.executable, "-m", "workers.backends.local_runner", str(run.path), "--", *command]
+        process = subprocess.Popen(
+            runner,
+            env=env,
+            cwd=os.getcwd(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: it outlives the worker and dies as one on cancel
+        )
+        record = {
+            "pid": process.pid,
+            "start_time": process_start_time(process.pid),
+            "port": port,
+            "command": command,
+            "launched_at": time.time(),
+        }
+        tmp = run.path / "launch.json.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, run.launch_file)
+
+    def _alive(self, record: dict[str, object]) -> bool:
+        pid = int(record["pid"])  # type: ignore[call-overload]
+        started = process_start_time(pid)
+        return started is not None and started == record.get("start_time")
+
+    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
+        run = self.attempt_dir(job_id, attempt)
+        record = run.launched()
+        if record is None:
+            return AttemptStatus(AttemptPhase.missing, cause="no launch record for this attempt on this host")
+        log = run.log_text()
+        node = socket.gethostname()
+        events = []
+        for exit_code, local_rank, pid in RANK_EXIT.findall(log):
+            rank = int(local_rank)
+            cause = describe_exit(int(exit_code))
+            events.append(
+                ObservedEvent(
+                    key=f"local:a{attempt}:pid{pid}:exit",
+                    type="rank_failed",
+                    rank=rank,
+                    node=node,
+                    details={
+                        "cause": cause,
+                        "exit_code": int(exit_code),
+                        "pid": int(pid),
+                        "source": "launcher",
+                    },
+                )
+            )
+        restarts = len(GROUP_RESTART.findall(log))
+        last_cause = events[-1].details["cause"] if events else None
+        code = run.exit_code()
+        if code is not None:
+            if code == 0:
+                return AttemptStatus(AttemptPhase.succeeded, in_job_restarts=restarts, events=events)
+            budget = spec.resiliency.max_in_job_restarts
+            cause = f"ft_launcher exited with {describe_exit(code)}"
+            if last_cause:
+                cause += f" after rank failure ({last_cause}); in-job restart budget ({budget}) spent"
+            return AttemptStatus(AttemptPhase.failed, cause=cause, in_job_restarts=restarts, events=events)
+        if self._alive(record):
+            return AttemptStatus(
+                AttemptPhase.running, cause=last_cause, in_job_restarts=restarts, events=events
+            )
+        return AttemptStatus(
+            AttemptPhase.failed,
+            cause="the launcher process disappeared without an exit code (host restart or killed)",
+            in_job_restarts=restarts,
+            events=events,
+        )
+
+    def rank_pids(self, job_id: str, attempt: int, rank: int) -> list[int]:
+        """Worker processes of `rank` (not their own children, such as checkpoint writers)."""
+        record = self.attempt_dir(job_id, attempt).launched()
+        if record is None or not self._alive(record):
+            return []
+        tree = descendants(int(record["pid"]))  # type: ignore[call-overload]
+        with_rank = {pid for pid in tree if environ_of(pid).get("RANK") == str(rank)}
+        return sorted(pid for pid in with_rank if parent_of(pid) not in with_rank)
+
+    def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
+        signals = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
+        if fault.kind not in signals:
+            raise FaultNotSupported(f"the local backend cannot inject {fault.kind!r} itself")
+        pids = self.rank_pids(job_id, attempt, fault.rank)
+        if not pids:
+            raise RuntimeError(f"rank {fault.rank} of job {job_id} attempt {attempt} has no running process")
+        for pid in pids:
+            os.kill(pid, signals[fault.kind])
+
+    def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
+        run = self.attempt_dir(job_id, attempt)
+        record = run.launched()
+        if record is None or not self._alive(record):
+            return
+        pgid = int(record["pid"])  # type: ignore[call-overload]
+        members = [pgid, *descendants(pgid)]
+        self._signal_group(pgid, members, signal.SIGCONT)  # stopped (hung) ranks can't handle SIGTERM
+        self._signal_group(pgid, members, signal.SIGTERM)
+        deadline = time.monotonic() + TERMINATE_GRACE_S
+        while time.monotonic() < deadline and any(process_start_time(p) for p in members):
+            time.sleep(0.1)
+        self._signal_group(pgid, members, signal.SIGKILL)
+
+    @staticmethod
+    def _signal_group(pgid: int, members: list[int], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        for pid in members:  # launchers may start their own sessions; reach every descendant
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)

@@ -1,0 +1,75 @@
+"""The Celery application: Redis when configured, otherwise an embedded broker that needs no server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from celery import Celery
+
+from api.core.config import Settings, get_settings
+
+TASK_MODULES = [
+    "workers.tasks.submit",
+    "workers.tasks.supervise",
+    "workers.tasks.cancel",
+    "workers.tasks.faults",
+]
+
+
+def broker_settings(settings: Settings) -> dict[str, object]:
+    if settings.redis_url:
+        return {
+            "broker_url": settings.redis_url,
+            "result_backend": settings.redis_url,
+            # Unacked tasks of a dead worker come back after this long (acks_late).
+            "broker_transport_options": {"visibility_timeout": 3600},
+        }
+    folder = (settings.data_dir / "broker").resolve()
+    for sub in ("queue", "processed"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    return {
+        "broker_url": "filesystem://",
+        "result_backend": None,
+        "broker_transport_options": {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+            "polling_interval": 0.1,
+        },
+    }
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    app = Celery("ftplane", include=TASK_MODULES)
+    app.conf.update(
+        broker_settings(settings),
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+        beat_schedule={
+            "supervise-jobs": {
+                "task": "ftplane.supervise_jobs",
+                "schedule": settings.supervise_interval_s,
+                "options": {"expires": settings.supervise_interval_s * 3},
+            },
+        },
+        beat_schedule_filename=str(Path(settings.data_dir).resolve() / "celerybeat-schedule"),
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+celery_app = make_celery()
+
+
+def broker_reachable(timeout: float = 2.0) -> None:
+    """Raises when the broker cannot be reached."""
+    with celery_app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1, timeout=timeout)
