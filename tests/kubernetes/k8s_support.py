@@ -1,0 +1,51 @@
+"""Shared helpers of the Kubernetes tests: specs, launch requests, strict schema validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes_validate.utils import latest_version, validate
+
+from api.schemas.spec import JobSpec
+from workers.backends.base import LaunchRequest
+
+K8S_VERSION = latest_version()
+TOKEN = "ftp_trainer_s3cr3t-token-value"
+JOB_ID = "3f2a9c1e5b7d4a2f8c3e5d7b9a1c2e4f"
+NS = "training"
+
+
+def validate_strict(obj: dict[str, Any]) -> None:
+    """Schema of the newest Kubernetes that kubernetes-validate knows; unknown fields fail."""
+    validate(obj, K8S_VERSION, strict=True)
+
+
+def make_spec(**overrides: Any) -> JobSpec:
+    base: dict[str, Any] = {
+        "name": "llama-8b-fsdp",
+        "backend": "kubernetes",
+        "image": "123456789012.dkr.ecr.us-west-2.amazonaws.com/ftplane-trainer:0.1.0",
+        "namespace": NS,
+        "command": ["python", "-m", "trainer", "--model", "tiny"],
+        "nodes": 2,
+        "procs_per_node": 8,
+        "resources": {"gpus_per_node": 8, "efa_per_node": 32, "cpu": "96", "memory": "1Ti", "shm": "256Gi"},
+        "checkpoint": {"dir": "/checkpoints/llama-8b", "pvc": "fsx-checkpoints", "engine": "async"},
+        "resiliency": {"max_job_restarts": 2, "exclude_failed_nodes": True},
+        "labels": {"team": "pretraining"},
+    }
+    base.update(overrides)
+    return JobSpec.model_validate(base)
+
+
+def make_request(
+    spec: JobSpec | None = None, *, attempt: int = 0, excluded: tuple[str, ...] = (), job_id: str = JOB_ID
+) -> LaunchRequest:
+    return LaunchRequest(
+        job_id=job_id,
+        attempt=attempt,
+        spec=spec or make_spec(),
+        token=TOKEN,
+        control_plane_url="http://ftplane-api.ftplane.svc.cluster.local:8000",
+        excluded_nodes=excluded,
+    )

@@ -1,0 +1,312 @@
+"""What one attempt of a job is on Kubernetes, as plain manifests (dicts), with no API calls.
+
+Per attempt: an Indexed `batch/v1` Job (one pod per node, `ft_launcher` in each,
+no Kubernetes-level retries: job-level restarts belong to ftplane) and a
+headless Service that gives the pods stable DNS names for the rendezvous.
+Per job: a Secret holding the trainer token, referenced by the pods, never
+rendered with its value.
+
+Names are DNS-1123 labels of at most 63 characters; long or unusual job ids
+are shortened with a hash so every name stays unique and valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from api.schemas.spec import JobSpec
+from workers.backends.base import LaunchRequest, launcher_arguments, trainer_environment
+
+MANAGED_BY = "ftplane"
+LABEL_JOB_ID = "ftplane.io/job-id"
+LABEL_JOB_NAME = "ftplane.io/job-name"
+LABEL_ATTEMPT = "ftplane.io/attempt"
+ANNOTATION_JOB_ID = "ftplane.io/job-id"
+ANNOTATION_RENDEZVOUS = "ftplane.io/rendezvous"
+# JSON {pod name: node name} of pods removed by an injected node_loss fault (status() blames the node).
+ANNOTATION_INJECTED_NODE_LOSS = "ftplane.io/injected-node-loss"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+CONTAINER_NAME = "trainer"
+RDZV_PORT = 29500
+TOKEN_KEY = "token"
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+SHM_VOLUME = "dshm"
+CHECKPOINT_VOLUME = "checkpoints"
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
+TERMINATION_GRACE_S = 60
+
+# A pod's hostname is "<job name>-<completion index>" and must stay a DNS label
+# (<= 63): the attempt's Job name is kept to 52 characters, leaving room for
+# "-4095" (JobSpec allows 4096 nodes) with margin.
+_BASE_MAX = 44  # "<base>-a<attempt up to 10000>" <= 51
+_ID_MAX = 20
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+def _digest(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")
+
+
+def base_name(job_id: str, job_name: str) -> str:
+    """The stem of every object name of a job: "<spec name>-<job id>" (the id hashed when long or unusual).
+
+    Starts with a letter, so it is also a valid DNS-1035 label (Service names need that).
+    """
+    ident = job_id if len(job_id) <= _ID_MAX and _DNS_LABEL.match(job_id) else _digest(job_id, 10)
+    room = _BASE_MAX - len(ident) - 1
+    prefix = _slug(job_name)[:room].strip("-") or "job"
+    if not prefix[0].isalpha():
+        prefix = ("j" + prefix)[:room].rstrip("-")
+    return f"{prefix}-{ident}"
+
+
+def attempt_name(job_id: str, job_name: str, attempt: int) -> str:
+    """Name of the attempt's Job and of its headless Service."""
+    return f"{base_name(job_id, job_name)}-a{attempt}"
+
+
+def secret_name(job_id: str, job_name: str) -> str:
+    return f"{base_name(job_id, job_name)}-token"
+
+
+def job_id_label(job_id: str) -> str:
+    """The job id as a label value (valid values are kept; others get a readable prefix and a hash)."""
+    if len(job_id) <= 63 and _LABEL_VALUE.match(job_id):
+        return job_id
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", job_id)[:50].strip("-_.")
+    return f"{stem}-{_digest(job_id, 12)}" if stem else _digest(job_id, 12)
+
+
+def job_selector(job_id: str) -> str:
+    return f"{LABEL_JOB_ID}={job_id_label(job_id)}"
+
+
+def attempt_selector(job_id: str, attempt: int) -> str:
+    return f"{job_selector(job_id)},{LABEL_ATTEMPT}={attempt}"
+
+
+def rendezvous_host(
+    job_id: str, spec: JobSpec, attempt: int, cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
+) -> str:
+    """DNS name of the pod of completion index 0, which hosts the c10d rendezvous store.
+
+    The fully qualified form is what the pod's own /etc/hosts lists as its canonical
+    name, so torch's c10d backend recognises itself as the host on rank 0 without
+    waiting for cluster DNS to publish the record.
+    """
+    name = attempt_name(job_id, spec.name, attempt)
+    return f"{name}-0.{name}.{spec.namespace}.svc.{cluster_domain}"
+
+
+def pod_index_for_rank(spec: JobSpec, rank: int) -> int:
+    """Completion index of the pod that hosts global `rank`.
+
+    ft_launcher's c10d rendezvous numbers nodes by sorting their host names, so node
+    rank k is the k-th completion index in text order ("0" < "1" < "10" < "11" < "2");
+    for fewer than 11 nodes that is simply rank // procs_per_node.
+    """
+    order = sorted(range(spec.nodes), key=lambda i: f"{i}.")
+    return order[min(rank // spec.procs_per_node, spec.nodes - 1)]
+
+
+def labels_for(job_id: str, spec: JobSpec, attempt: int | None) -> dict[str, str]:
+    labels = dict(spec.labels)
+    labels.update(
+        {
+            "app.kubernetes.io/name": "ftplane-job",
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+            LABEL_JOB_ID: job_id_label(job_id),
+            LABEL_JOB_NAME: spec.name,
+        }
+    )
+    if attempt is not None:
+        labels[LABEL_ATTEMPT] = str(attempt)
+    return labels
+
+
+def _escape(arg: str) -> str:
+    # Kubernetes expands $(VAR) in command/args; the local backend does not. Keep them literal.
+    return arg.replace("$(", "$$(")
+
+
+def _resources(spec: JobSpec) -> dict[str, Any]:
+    res = spec.resources
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if res.cpu:
+        requests["cpu"] = res.cpu
+    if res.memory:
+        requests["memory"] = limits["memory"] = res.memory
+    if res.gpus_per_node:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(res.gpus_per_node)
+    if res.efa_per_node:
+        requests[EFA_RESOURCE] = limits[EFA_RESOURCE] = str(res.efa_per_node)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _environment(request: LaunchRequest, master_addr: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in trainer_environment(request).items()]
+    spec = request.spec
+    env += [
+        # ft_launcher gives workers MASTER_ADDR=localhost; the trainer needs the real rank-0 host.
+        {"name": "FTPLANE_MASTER_ADDR", "value": master_addr},
+        {"name": "FTPLANE_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "FTPLANE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {
+            "name": "FTPLANE_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": secret_name(request.job_id, spec.name), "key": TOKEN_KEY}},
+        },
+    ]
+    return env
+
+
+def _affinity(request: LaunchRequest) -> dict[str, Any] | None:
+    excluded = sorted(set(request.excluded_nodes))
+    if not excluded or not request.spec.resiliency.exclude_failed_nodes:
+        return None
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": excluded}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+
+
+def job_manifest(
+    request: LaunchRequest,
+    *,
+    cluster_domain: str = DEFAULT_CLUSTER_DOMAIN,
+    ttl_after_finished_s: int | None = None,
+) -> dict[str, Any]:
+    """The attempt's Indexed Job: `nodes` pods, each running ft_launcher for `procs_per_node` ranks."""
+    spec = request.spec
+    name = attempt_name(request.job_id, spec.name, request.attempt)
+    host = rendezvous_host(request.job_id, spec, request.attempt, cluster_domain)
+    labels = labels_for(request.job_id, spec, request.attempt)
+    annotations = {ANNOTATION_JOB_ID: request.job_id, ANNOTATION_RENDEZVOUS: f"{host}:{RDZV_PORT}"}
+    command = launcher_arguments(spec, nnodes=spec.nodes, rdzv_endpoint=f"{host}:{RDZV_PORT}", rdzv_id=name)
+
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.resources.shm:
+        shm["sizeLimit"] = spec.resources.shm
+    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": shm}]
+    if spec.checkpoint.pvc and spec.checkpoint.dir:
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.dir})
+        volumes.append(
+            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc}}
+        )
+
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [_escape(arg) for arg in command],
+        "env": _environment(request, host),
+        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
+        "volumeMounts": mounts,
+    }
+    resources = _resources(spec)
+    if resources:
+        container["resources"] = resources
+
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": name,  # with the Job controller's hostname "<job>-<index>": stable per-pod DNS
+        "automountServiceAccountToken": False,  # the trainer talks to ftplane over HTTP, not to Kubernetes
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    affinity = _affinity(request)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if spec.resources.gpus_per_node:
+        pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": spec.nodes,
+        "parallelism": spec.nodes,
+        "backoffLimit": 0,  # any pod failure fails the attempt; restarts are the control plane's decision
+        "template": {"metadata": {"labels": labels, "annotations": dict(annotations)}, "spec": pod_spec},
+    }
+    if ttl_after_finished_s is not None:
+        job_spec["ttlSecondsAfterFinished"] = ttl_after_finished_s
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": labels, "annotations": annotations},
+        "spec": job_spec,
+    }
+
+
+def service_manifest(request: LaunchRequest, owner_uid: str | None = None) -> dict[str, Any]:
+    """Headless Service naming the attempt's pods; owned by the attempt's Job once that exists."""
+    spec = request.spec
+    name = attempt_name(request.job_id, spec.name, request.attempt)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": labels_for(request.job_id, spec, request.attempt),
+    }
+    if owner_uid:
+        metadata["ownerReferences"] = [owner_reference(name, owner_uid)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # rendezvous happens before anything is "ready"
+            "selector": {
+                LABEL_JOB_ID: job_id_label(request.job_id),
+                LABEL_ATTEMPT: str(request.attempt),
+            },
+            "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def owner_reference(job_name: str, job_uid: str) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": job_uid}
+
+
+def secret_manifest(request: LaunchRequest) -> dict[str, Any]:
+    """The per-job Secret with the trainer token (outlives attempts; removed at final cleanup)."""
+    spec = request.spec
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": secret_name(request.job_id, spec.name),
+            "namespace": spec.namespace,
+            "labels": labels_for(request.job_id, spec, None),
+            "annotations": {ANNOTATION_JOB_ID: request.job_id},
+        },
+        "stringData": {TOKEN_KEY: request.token},
+    }
