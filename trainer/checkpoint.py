@@ -1,0 +1,310 @@
+"""Checkpoints through torch.distributed.checkpoint (DCP), with three engines.
+
+- `sync`: `dcp.save`; the step blocks for the whole save.
+- `async`: the step blocks only to stage the state; the write goes on in the
+  background. On CUDA through NVRx's async writer (`nvrx.NvrxAsyncSaver`), on
+  the CPU through `dcp.async_save` over a gloo group of its own.
+- `none`: no checkpoint is written or read.
+
+Layout: `<dir>/step-<8 digits>/` holds one DCP checkpoint (the state after that
+many steps). A checkpoint is *complete* only once rank 0 has written
+`ftplane-complete.json` into it, which happens after every rank's data and
+DCP's `.metadata` are on disk (for async saves: when the background save has
+finished on all ranks). A directory without the marker -- a rank died mid-save,
+an async save never finished -- is never loaded and is deleted once a newer
+checkpoint is complete. The newest `keep` complete checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from trainer.reporter import Reporter, utcnow_iso
+
+log = logging.getLogger(__name__)
+
+COMPLETE_MARKER = "ftplane-complete.json"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: Path
+    complete: bool
+
+
+def is_complete(path: Path) -> bool:
+    return (path / COMPLETE_MARKER).is_file() and (path / ".metadata").is_file()
+
+
+def list_checkpoints(root: Path) -> list[CheckpointInfo]:
+    """Every step directory under root, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = STEP_DIR.match(entry.name)
+        if match and entry.is_dir():
+            found.append(CheckpointInfo(int(match.group(1)), entry, is_complete(entry)))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_complete(root: Path) -> CheckpointInfo | None:
+    complete = [c for c in list_checkpoints(root) if c.complete]
+    return complete[-1] if complete else None
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def rotate(root: Path, keep: int) -> list[Path]:
+    """Delete complete checkpoints beyond the newest `keep`, and incomplete ones older than the newest
+    complete one (dead: nothing will finish them). Newer incomplete ones may still be being written."""
+    checkpoints = list_checkpoints(root)
+    complete = [c for c in checkpoints if c.complete]
+    if not complete:
+        return []
+    newest = complete[-1].step
+    doomed = [c.path for c in complete[:-keep]] if keep > 0 else []
+    doomed += [c.path for c in checkpoints if not c.complete and c.step < newest]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def _write_marker(path: Path, record: dict[str, Any]) -> None:
+    tmp = path / f".{COMPLETE_MARKER}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / COMPLETE_MARKER)
+
+
+@dataclass
+class _InFlight:
+    step: int
+    path: Path
+    started: float
+    blocking_s: float
+    future: Future | None = None  # dcp.async_save
+    finalized: bool = False  # NVRx: set by the finalize callback
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        root: Path | None,
+        *,
+        engine: str,
+        interval: int,
+        keep: int,
+        rank: int,
+        reporter: Reporter,
+        device: torch.device,
+    ) -> None:
+        self.engine = engine if root is not None else "none"
+        self.root = root
+        self.interval = interval
+        self.keep = keep
+        self.rank = rank
+        self.reporter = reporter
+        self.device = device
+        self._in_flight: _InFlight | None = None
+        self._nvrx = None
+        self._group: dist.ProcessGroup | None = None
+        self.last_saved_step: int | None = None
+        if self.engine == "async":
+            if device.type == "cuda":
+                from trainer.nvrx import NvrxAsyncSaver
+
+                self._nvrx = NvrxAsyncSaver()
+            else:
+                # The background thread's collectives must not share a gloo group with training's.
+                self._group = dist.new_group(backend="gloo")
+        if self.engine != "none" and rank == 0:
+            assert root is not None
+            root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self.engine != "none"
+
+    # --- loading ------------------------------------------------------------------------------------
+
+    def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """Load the newest complete checkpoint (rank 0 picks it for everyone); returns its step, or 0."""
+        if not self.enabled:
+            return 0
+        assert self.root is not None
+        choice: list[Any] = [None]
+        if self.rank == 0:
+            latest = latest_complete(self.root)
+            for c in list_checkpoints(self.root):
+                if not c.complete and (latest is None or c.step > latest.step):
+                    log.warning("skipping incomplete checkpoint %s (deleted)", c.path)
+                    shutil.rmtree(c.path, ignore_errors=True)
+            choice = [None if latest is None else (latest.step, str(latest.path))]
+        dist.broadcast_object_list(choice, src=0)  # also the barrier after the clean-up above
+        if choice[0] is None:
+            return 0
+        step, path = choice[0]
+        started = time.monotonic()
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        load_s = time.monotonic() - started
+        self.last_saved_step = step
+        if self.rank == 0:
+            log.info("resumed from %s (step %d) in %.2f s", path, step, load_s)
+            self.reporter.event(
+                "checkpoint_loaded",
+                rank=self.rank,
+                step=step,
+                details={"step": step, "path": path, "load_s": round(load_s, 4), "engine": self.engine},
+            )
+        return step
+
+    # --- saving -------------------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        return self.enabled and step % self.interval == 0 and step != self.last_saved_step
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Save the state after `step` steps (every rank calls this at the same step)."""
+        if not self.enabled:
+            return
+        assert self.root is not None
+        self.wait()  # one save at a time: the next may not start before the previous is complete
+        path = step_dir(self.root, step)
+        started = time.monotonic()
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        self.last_saved_step = step
+        if self.engine == "sync":
+            dcp.save(state, checkpoint_id=str(path))
+            elapsed = time.monotonic() - started
+            self._complete(step, path, blocking_s=elapsed, total_s=elapsed)
+        elif self._nvrx is not None:
+            in_flight = _InFlight(step, path, started, 0.0)
+
+            def finalized() -> None:
+                in_flight.finalized = True
+                self._complete(
+                    step, path, blocking_s=in_flight.blocking_s, total_s=time.monotonic() - started
+                )
+
+            path.mkdir(parents=True, exist_ok=True)
+            self._nvrx.schedule(state, str(path), finalized)
+            in_flight.blocking_s = time.monotonic() - started
+            self._in_flight = in_flight
+        else:
+            result = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
+            future = getattr(result, "upload_completion", result)  # AsyncSaveResponse on newer torch
+            self._in_flight = _InFlight(step, path, started, time.monotonic() - started, future=future)
+
+    def poll(self) -> None:
+        """Once per step on every rank: complete the async save that has finished, if any."""
+        if self._nvrx is not None:
+            self._nvrx.poll(blocking=False)
+            if self._in_flight is not None and self._in_flight.finalized:
+                self._in_flight = None
+        elif (
+            self._in_flight is not None
+            and self._in_flight.future is not None
+            and self._in_flight.future.done()
+        ):
+            self._finish_future()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is complete."""
+        if self._nvrx is not None:
+            if self._nvrx.in_flight:
+                self._nvrx.poll(blocking=True)
+            self._in_flight = None
+        elif self._in_flight is not None and self._in_flight.future is not None:
+            self._finish_future()
+
+    def close(self) -> None:
+        if self._nvrx is not None:
+            self._nvrx.close()
+
+    def _finish_future(self) -> None:
+        in_flight = self._in_flight
+        assert in_flight is not None and in_flight.future is not None
+        self._in_flight = None
+        try:
+            in_flight.future.result()
+        except Exception as exc:
+            log.error("async checkpoint of step %d failed (%s); it stays incomplete", in_flight.step, exc)
+            return
+        self._complete(
+            in_flight.step,
+            in_flight.path,
+            blocking_s=in_flight.blocking_s,
+            total_s=time.monotonic() - in_flight.started,
+        )
+
+    def _complete(self, step: int, path: Path, *, blocking_s: float, total_s: float) -> None:
+        """Every rank's part is on disk: rank 0 marks the checkpoint complete, reports it, rotates."""
+        if self.rank != 0:
+            return
+        assert self.root is not None
+        size = directory_bytes(path)
+        _write_marker(
+            path,
+            {
+                "step": step,
+                "engine": self.engine,
+                "bytes": size,
+                "blocking_s": blocking_s,
+                "total_s": total_s,
+                "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+                "completed_at": utcnow_iso(),
+            },
+        )
+        deleted = rotate(self.root, self.keep)
+        log.info(
+            "checkpoint step %d complete: %s, %.1f kB, blocked %.3f s, total %.3f s%s",
+            step,
+            path,
+            size / 1e3,
+            blocking_s,
+            total_s,
+            f", deleted {len(deleted)} old" if deleted else "",
+        )
+        self.reporter.event(
+            "checkpoint_saved",
+            rank=self.rank,
+            step=step,
+            details={
+                "step": step,
+                "blocking_s": round(blocking_s, 4),
+                "total_s": round(total_s, 4),
+                "bytes": size,
+                "engine": self.engine,
+                "path": str(path),
+            },
+        )

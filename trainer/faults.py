@@ -1,0 +1,186 @@
+"""Deterministic fault injection: which fault, on which rank, before which step, once per job.
+
+Faults come from the job spec (`FTPLANE_FAULTS`, fired when `rank` is about to
+run step `at_step`) and from the control plane (directives in heartbeat
+replies; `at_step: null` means the next step, and a step already passed also
+means the next step). Each fault fires once per job, although a job that
+resumes from an earlier checkpoint passes the same step again: before firing,
+the injecting rank creates a marker file (O_EXCL) on shared storage, and a
+fault whose marker exists never fires again.
+
+The kinds and the recovery rung each one exercises (see docs/fault-injection.md):
+
+- `exception`: raised inside the training step. With in-process restart on,
+  the NVRx Wrapper catches it and re-enters training in the same processes;
+  otherwise the process dies and ft_launcher restarts the workers.
+- `crash`: SIGKILL of the rank's own process: ft_launcher restarts the workers.
+- `hang`: the step blocks forever, so no heartbeat of either kind follows:
+  detected by ft_launcher's rank heartbeat timeout (or the Wrapper's soft
+  timeout when in-process restart is on).
+
+`fault_injected` is reported, and the reporter flushed (bounded), before the
+fault fires, so the event survives even a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.config import FAULT_KINDS, FaultSpec
+from trainer.reporter import Reporter, utcnow_iso
+
+log = logging.getLogger(__name__)
+
+
+class InjectedFault(RuntimeError):
+    """The exception raised by an `exception` fault."""
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    fault_id: str  # unique per job: spec-<index> or the control plane's id
+    kind: str
+    rank: int
+    at_step: int | None
+    source: str  # spec | control_plane
+    index: int | None = None
+
+
+def marker_dir(checkpoint_dir: str | None, job_id: str | None) -> Path:
+    """Where fired faults are recorded: shared storage when there is a checkpoint dir."""
+    if checkpoint_dir:
+        return Path(checkpoint_dir) / ".ftplane" / "faults"
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    return Path(tmp) / f"ftplane-{job_id or 'standalone'}" / "faults"
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:120]
+
+
+class FaultInjector:
+    def __init__(
+        self,
+        faults: list[FaultSpec],
+        *,
+        rank: int,
+        job_id: str | None,
+        markers: Path,
+        reporter: Reporter,
+        flush_timeout_s: float = 2.0,
+    ) -> None:
+        self.rank = rank
+        self.job_id = job_id or "standalone"
+        self.markers = markers
+        self.reporter = reporter
+        self.flush_timeout_s = flush_timeout_s
+        self._planned = [
+            PlannedFault(f"spec-{i}", f.kind, f.rank, f.at_step, "spec", i)
+            for i, f in enumerate(faults)
+            if f.rank == rank
+        ]
+        self._directives: list[PlannedFault] = []
+        self._seen_directives: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add_directives(self, directives: list[dict[str, Any]]) -> None:
+        """Faults asked for by the control plane (called from the reporter's thread)."""
+        with self._lock:
+            for d in directives:
+                fault_id, kind, rank = d.get("id"), d.get("kind"), d.get("rank")
+                if not isinstance(fault_id, str) or fault_id in self._seen_directives:
+                    continue
+                self._seen_directives.add(fault_id)
+                if rank != self.rank:
+                    continue
+                if kind not in FAULT_KINDS:
+                    log.warning(
+                        "ignoring fault directive %s: kind %r is not one of %s", fault_id, kind, FAULT_KINDS
+                    )
+                    continue
+                at_step = d.get("at_step")
+                self._directives.append(
+                    PlannedFault(
+                        fault_id, kind, rank, at_step if isinstance(at_step, int) else None, "control_plane"
+                    )
+                )
+                log.info("fault directive %s: %s on rank %d at step %s", fault_id, kind, rank, at_step)
+
+    def before_step(self, step: int) -> None:
+        """Called by the rank just before it runs step `step` (0-based); may not return."""
+        with self._lock:
+            due = [f for f in self._planned if f.at_step == step]
+            due += [f for f in self._directives if f.at_step is None or f.at_step <= step]
+            self._directives = [f for f in self._directives if f not in due]
+        for fault in due:
+            if self._claim(fault, step):
+                self._fire(fault, step)
+
+    def _marker(self, fault: PlannedFault) -> Path:
+        return self.markers / f"{_safe(self.job_id)}.{_safe(fault.fault_id)}"
+
+    def _claim(self, fault: PlannedFault, step: int) -> bool:
+        """Record the fault as fired; False if it already fired in this job (or cannot be recorded)."""
+        path = self._marker(fault)
+        record = {"kind": fault.kind, "rank": self.rank, "step": step, "ts": utcnow_iso(), "pid": os.getpid()}
+        try:
+            self.markers.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            log.info("fault %s already fired in this job; not firing it again", fault.fault_id)
+            return False
+        except OSError as exc:
+            log.error(
+                "cannot record fault %s under %s (%s); not firing it", fault.fault_id, self.markers, exc
+            )
+            return False
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+
+    def _fire(self, fault: PlannedFault, step: int) -> None:
+        details: dict[str, Any] = {
+            "kind": fault.kind,
+            "source": fault.source,
+            "fault_id": fault.fault_id,
+            "at_step": fault.at_step,
+            "pid": os.getpid(),
+        }
+        if fault.index is not None:
+            details["index"] = fault.index
+        self.reporter.event("fault_injected", rank=self.rank, step=step, details=details)
+        delivered = self.reporter.flush(self.flush_timeout_s)
+        log.warning(
+            "injecting fault %s: %s on rank %d before step %d (event delivered: %s)",
+            fault.fault_id,
+            fault.kind,
+            self.rank,
+            step,
+            delivered,
+        )
+        if fault.kind == "exception":
+            raise InjectedFault(
+                f"injected fault {fault.fault_id}: exception on rank {self.rank} at step {step}"
+            )
+        if fault.kind == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "hang":
+            hang_forever()
+
+
+def hang_forever() -> None:
+    """Block the training loop for good. Sleeping in short slices keeps the thread interruptible by
+    NVRx's asynchronous restart (the Wrapper) and by signals, as a real hang in Python code would be."""
+    while True:
+        time.sleep(0.5)

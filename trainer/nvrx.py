@@ -1,0 +1,265 @@
+"""Every place the trainer hooks into NVIDIA's resiliency extension (NVRx), and nothing else.
+
+1. `HeartbeatClient` -- ft_launcher's in-job restart and hang detection: each
+   rank sends one heartbeat per step over IPC to its rank monitor; a rank silent
+   for `--ft-rank-heartbeat-timeout` is killed and the worker group restarted.
+   Only active under ft_launcher (it sets FT_RANK_MONITOR_IPC_SOCKET).
+2. `wrap_inprocess` -- in-process restart: the training function runs inside
+   `inprocess.Wrapper`; on a fault on any rank it is re-entered in the same
+   processes (a new process group per iteration, state reloaded from the latest
+   checkpoint). `Iteration.ping()` feeds the Wrapper's progress watchdog.
+3. `NvrxAsyncSaver` -- the async checkpoint engine on CUDA: NVRx's
+   `FileSystemWriterAsync` + `AsyncCallsQueue` write a torch.distributed.checkpoint
+   from a separate process while training goes on.
+
+Version notes (the trainer runs on nvidia-resiliency-ext 0.4.1 and 0.7.x):
+- From 0.5-ish the Wrapper appends GPU and NVLink health checks (NVML) to the
+  restart health check whenever LOCAL_RANK is set, which ft_launcher always
+  sets. They fail on a machine without NVML, so on CPU the trainer replaces
+  `restart_health_check` with its own checks (guarded by `hasattr`).
+- The Wrapper's store is given an explicit host and port (MASTER_PORT + 1),
+  never MASTER_ADDR, which ft_launcher sets to a local name.
+- `FileSystemWriterAsync.get_save_function_and_args` returns (save, args) in
+  older releases and (save, preload, args) in newer; `AsyncRequest` gained
+  `preload_fn` at the same time. Both shapes are handled.
+- The async writer needs CUDA (it synchronizes the device and all-reduces CUDA
+  tensors while finalizing); on CPU the async engine is `dcp.async_save`.
+
+This module deliberately does not use `from __future__ import annotations`:
+the Wrapper finds the parameter that receives its `CallWrapper` by evaluating
+annotations.
+"""
+
+import datetime
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import nvidia_resiliency_ext
+import torch
+import torch.distributed as dist
+from nvidia_resiliency_ext import inprocess
+from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+from trainer.config import Config
+from trainer.distributed import Placement
+
+log = logging.getLogger(__name__)
+
+NVRX_VERSION = getattr(nvidia_resiliency_ext, "__version__", None)
+FT_RANK_MONITOR_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+
+
+# --- 1. ft_launcher heartbeats -------------------------------------------------------------------
+
+
+class HeartbeatClient:
+    """One heartbeat per step to this rank's ft_launcher rank monitor (a no-op outside ft_launcher)."""
+
+    def __init__(self) -> None:
+        self.enabled = bool(os.environ.get(FT_RANK_MONITOR_ENV))
+        self._client: RankMonitorClient | None = None
+        self._broken = False
+
+    def connect(self) -> None:
+        """(Re)connect at the start of every training iteration, as NVRx's examples do."""
+        if not self.enabled:
+            return
+        self.close()
+        try:
+            self._client = RankMonitorClient()
+            self._client.init_workload_monitoring()
+            self._broken = False
+        except Exception as exc:
+            # Training goes on; hang detection by ft_launcher does not (the launcher logs it too).
+            log.error("cannot connect to the ft_launcher rank monitor (%s); no NVRx heartbeats", exc)
+            self._client = None
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None and self._client.is_initialized
+
+    def beat(self) -> None:
+        if self._client is None or self._broken:
+            return
+        try:
+            self._client.send_heartbeat()
+        except Exception as exc:
+            self._broken = True
+            log.error("NVRx heartbeat failed (%s); no more heartbeats this iteration", exc)
+
+    def close(self) -> None:
+        if self._client is not None and self._client.is_initialized:
+            try:
+                self._client.shutdown_workload_monitoring()
+            except Exception as exc:
+                log.debug("rank monitor shutdown: %s", exc)
+        self._client = None
+
+
+# --- 2. in-process restart ------------------------------------------------------------------------
+
+
+@dataclass
+class Iteration:
+    """What the training function knows of the in-process restart loop."""
+
+    index: int = 0
+    call_wrapper: Any = None
+
+    def ping(self) -> None:
+        """Progress for the Wrapper's soft/hard timeouts (one per step)."""
+        if self.call_wrapper is not None:
+            self.call_wrapper.ping()
+
+
+class RestartBudget(inprocess.health_check.HealthCheck):
+    """Refuse the restart after `max_iterations` in-process restarts: the process then exits, and
+    the next rung (ft_launcher's in-job restart) takes over."""
+
+    def __init__(self, max_iterations: int) -> None:
+        self.max_iterations = max_iterations
+
+    def __call__(self, state):  # noqa: ANN001, ANN204 - NVRx's FrozenState
+        if state.fn_exception is not None and state.iteration + 1 > self.max_iterations:
+            raise RuntimeError(
+                f"in-process restart budget spent ({self.max_iterations} restart(s)); "
+                "leaving recovery to ft_launcher"
+            )
+        return state
+
+
+def _restart_signal_types() -> tuple[type[BaseException], ...]:
+    try:
+        from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
+    except ImportError:  # pragma: no cover - moved in some release
+        return ()
+    return (RankShouldRestart,)
+
+
+RESTART_SIGNALS = _restart_signal_types()
+
+
+def is_restart_signal(exc: BaseException) -> bool:
+    """True for the Wrapper interrupting a healthy rank because another one failed."""
+    return isinstance(exc, RESTART_SIGNALS)
+
+
+def wrap_inprocess(
+    train: Callable[[Iteration], None], cfg: Config, placement: Placement
+) -> Callable[[], None]:
+    """`train` wrapped in NVRx's in-process restart, configured from the job spec."""
+    soft = datetime.timedelta(seconds=cfg.inprocess_soft_timeout_s)
+    hard = datetime.timedelta(seconds=cfg.inprocess_hard_timeout_s)
+    barrier = max(datetime.timedelta(seconds=120), hard + datetime.timedelta(seconds=30))
+    health: inprocess.health_check.HealthCheck = RestartBudget(cfg.inprocess_max_iterations)
+    on_cuda = placement.device.type == "cuda"
+    if on_cuda:
+        health = inprocess.Compose(inprocess.health_check.CudaHealthCheck(), health)
+
+    wrapper = inprocess.Wrapper(
+        store_kwargs={"host_name": placement.master_addr, "port": placement.wrapper_port},
+        health_check=health,
+        soft_timeout=soft,
+        hard_timeout=hard,
+        heartbeat_timeout=datetime.timedelta(seconds=30),
+        barrier_timeout=barrier,
+        completion_timeout=barrier,
+    )
+    if not on_cuda and hasattr(wrapper, "restart_health_check"):
+        # NVRx >= 0.5: GPU/NVLink checks are appended when LOCAL_RANK is set; they need NVML.
+        wrapper.restart_health_check = health
+
+    @wrapper
+    def run(call_wrapper: Optional[inprocess.CallWrapper] = None) -> None:  # noqa: UP045 - see module doc
+        train(Iteration(index=call_wrapper.iteration if call_wrapper else 0, call_wrapper=call_wrapper))
+
+    return run
+
+
+class RestartCauses:
+    """The first failure of each in-process iteration, shared by all ranks through the job's store,
+    so the restart is reported with its root cause rather than the timeouts it caused elsewhere."""
+
+    def __init__(self, store: dist.Store, restart_count: int) -> None:
+        self.store = store
+        self.prefix = f"ftplane/causes/{restart_count}"
+
+    def record(self, iteration: int, rank: int, cause: str) -> tuple[bool, str]:
+        """Record our failure; returns (we were first, the recorded first cause)."""
+        key = f"{self.prefix}/{iteration}"
+        mine = f"rank {rank}: {cause}"[:2000]
+        try:
+            stored = self.store.compare_set(key, "", mine)
+        except Exception as exc:  # the store's host (rank 0) may be the one that died
+            log.debug("cannot record the restart cause: %s", exc)
+            return True, mine
+        first = stored.decode(errors="replace") if isinstance(stored, bytes) else str(stored)
+        return first == mine, first
+
+    def first(self, iteration: int) -> str | None:
+        key = f"{self.prefix}/{iteration}"
+        try:
+            if not self.store.check([key]):
+                return None
+            return self.store.get(key).decode(errors="replace")
+        except Exception as exc:
+            log.debug("cannot read the restart cause: %s", exc)
+            return None
+
+
+# --- 3. async checkpoints on CUDA -----------------------------------------------------------------
+
+
+class NvrxAsyncSaver:
+    """torch.distributed.checkpoint saves written by NVRx's async writer process (CUDA only)."""
+
+    def __init__(self) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("NVRx's async checkpoint writer needs CUDA; on CPU use dcp.async_save")
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+
+        self.queue = AsyncCallsQueue(persistent=True)
+
+    def schedule(self, state_dict: dict[str, Any], path: str, on_finalized: Callable[[], None]) -> None:
+        """Plan and stage now (blocking part); the write runs in the background. `on_finalized`
+        runs on every rank once all ranks' writes are done and the metadata is written."""
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
+            save_state_dict_async_finalize,
+            save_state_dict_async_plan,
+        )
+        from torch.distributed.checkpoint import DefaultSavePlanner
+
+        writer = FileSystemWriterAsync(path, thread_count=2)
+        planned = save_state_dict_async_plan(state_dict, writer, None, 0, planner=DefaultSavePlanner())
+        parts = writer.get_save_function_and_args()
+        if len(parts) == 3:
+            save_fn, preload_fn, save_args = parts
+        else:  # older NVRx: (save_fn, save_args)
+            (save_fn, save_args), preload_fn = parts, None
+
+        def finalize() -> None:
+            save_state_dict_async_finalize(*planned)
+            on_finalized()
+
+        extra = (
+            {"preload_fn": preload_fn}
+            if preload_fn is not None and "preload_fn" in AsyncRequest._fields
+            else {}
+        )
+        self.queue.schedule_async_request(AsyncRequest(save_fn, save_args, [finalize], **extra))
+
+    def poll(self, blocking: bool = False) -> None:
+        """Finalize the saves that are done (a collective: every rank calls it at the same step)."""
+        self.queue.maybe_finalize_async_calls(blocking=blocking, no_dist=False)
+
+    @property
+    def in_flight(self) -> int:
+        return self.queue.get_num_unfinalized_calls()
+
+    def close(self) -> None:
+        self.queue.close()
