@@ -172,7 +172,10 @@ class WebhookSubscription(Base):
 
 class WebhookDelivery(Base):
     __tablename__ = "webhook_deliveries"
-    __table_args__ = (UniqueConstraint("subscription_id", "event_id", name="uq_delivery_subscription_event"),)
+    __table_args__ = (
+        UniqueConstraint("subscription_id", "event_id", name="uq_delivery_subscription_event"),
+        Index("ix_webhook_deliveries_due", "status", "next_try_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)  # the stable webhook-id
     subscription_id: Mapped[str] = mapped_column(
@@ -187,3 +190,5 @@ class WebhookDelivery(Base):
     next_try_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     delivered_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The message as it was when the event was stored (outbox): every retry sends the same content.
+    payload: Mapped[dict[str, Any] | None] = mapped_column(default=None)
