@@ -25,7 +25,7 @@ def broker_settings(settings: Settings) -> dict[str, object]:
             "broker_transport_options": {"visibility_timeout": 3600},
         }
     folder = (settings.data_dir / "broker").resolve()
-    for sub in ("queue", "processed"):
+    for sub in ("queue", "processed", "control"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     return {
         "broker_url": "filesystem://",
@@ -34,6 +34,7 @@ def broker_settings(settings: Settings) -> dict[str, object]:
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             "polling_interval": 0.1,
         },
@@ -41,10 +42,17 @@ def broker_settings(settings: Settings) -> dict[str, object]:
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
-    settings = settings or get_settings()
     app = Celery("ftplane", include=TASK_MODULES)
+    configure(app, settings or get_settings())
+    return app
+
+
+def configure(app: Celery, settings: Settings) -> None:
+    """(Re)apply settings: at start, and in tests that switch databases and brokers."""
+    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)  # beat keeps its schedule there
     app.conf.update(
         broker_settings(settings),
+        task_default_queue=settings.queue,
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
@@ -63,7 +71,10 @@ def make_celery(settings: Settings | None = None) -> Celery:
         beat_schedule_filename=str(Path(settings.data_dir).resolve() / "celerybeat-schedule"),
         worker_hijack_root_logger=False,
     )
-    return app
+    if app._pool is not None:  # drop connections made with the previous broker settings
+        app._pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
 
 
 celery_app = make_celery()

@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, description="Celery broker and results; default: embedded broker."
     )
+    queue: str = Field(default="ftplane", description="Celery queue name (several control planes may share Redis).")
     host: str = Field(default="127.0.0.1", description="Address `ftplane serve` listens on.")
     port: int = Field(default=8000, ge=1, le=65535)
     public_url: str | None = Field(

@@ -61,7 +61,9 @@ def restart_or_fail(
 ) -> None:
     """The attempt is over without success: climb to the job-restart rung, or give up."""
     failed_step = note_failure(session, job, attempt)
-    stuck = stuck_cause(job)
+    new_nodes = [n for n in failed_nodes if n and n not in job.excluded_nodes]
+    will_move = bool(new_nodes) and spec.resiliency.exclude_failed_nodes
+    stuck = None if will_move else stuck_cause(job)  # other hardware is a new condition, not a loop
     if stuck:
         fail(session, job, attempt, f"{stuck} (last cause: {cause})", spec)
         return
@@ -76,9 +78,9 @@ def restart_or_fail(
 
     new_attempt = job.attempt + 1
     events: list[EventIn] = []
-    if spec.resiliency.exclude_failed_nodes:
-        for node in failed_nodes:
-            if node and node not in job.excluded_nodes:
+    if will_move:
+        for node in new_nodes:
+            if node not in job.excluded_nodes:
                 job.excluded_nodes = [*job.excluded_nodes, node]
                 flag_modified(job, "excluded_nodes")
                 events.append(
@@ -110,6 +112,7 @@ def restart_or_fail(
     session.add(Attempt(job_id=job.id, number=new_attempt, status="PENDING", created_at=utcnow()))
     reporting.record_events(session, job, events)
     if job.status in (JobStatus.RUNNING, JobStatus.SUBMITTED):
-        lifecycle.transition(session, job, JobStatus.RECOVERING, cause=cause)
+        lifecycle.transition(session, job, JobStatus.RECOVERING)
+    job.status_reason = cause
     session.commit()
     launch_current_attempt(session, job)

@@ -1,0 +1,143 @@
+"""Shared fixtures: a fresh database per test (SQLite, and PostgreSQL when configured), the app, tokens.
+
+PostgreSQL and Redis tests run when FTPLANE_TEST_DATABASE_URL / FTPLANE_TEST_REDIS_URL are set;
+under CI=true their absence is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+PG_URL = os.environ.get("FTPLANE_TEST_DATABASE_URL")
+REDIS_URL = os.environ.get("FTPLANE_TEST_REDIS_URL")
+
+
+def require(value: str | None, what: str) -> str:
+    if value:
+        return value
+    if IN_CI:
+        pytest.fail(f"{what} is not set: CI must run these tests")
+    pytest.skip(f"{what} not set")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards."""
+    base = make_url(require(PG_URL, "FTPLANE_TEST_DATABASE_URL"))
+    name = f"ftplane_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ftplane.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def configure_env(monkeypatch: pytest.MonkeyPatch, data_dir: Path, database_url: str, **extra: str) -> None:
+    """Point every settings-driven part (DB, broker, runs dir) at this test's own state."""
+    from api.core.config import get_settings
+    from api.core.db import reset_caches
+    from workers.celery_app import celery_app, configure
+
+    monkeypatch.setenv("FTPLANE_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("FTPLANE_DATABASE_URL", database_url)
+    monkeypatch.delenv("FTPLANE_REDIS_URL", raising=False)
+    monkeypatch.delenv("FTPLANE_AUTH", raising=False)
+    for key, value in extra.items():
+        monkeypatch.setenv(key, value)
+    reset_caches()
+    configure(celery_app, get_settings())
+    from workers.backends import get_backend
+
+    get_backend.cache_clear()
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, database_url: str) -> Iterator[str]:
+    configure_env(monkeypatch, tmp_path / "state", database_url)
+    yield database_url
+    from api.core.db import reset_caches
+
+    reset_caches()
+
+
+@pytest.fixture
+def app(env: str) -> Any:
+    from api.main import create_app
+
+    return create_app()
+
+
+@pytest.fixture
+def client(app: Any) -> Iterator[TestClient]:
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def admin_token(app: Any) -> str:
+    from api.core.db import session_scope
+    from api.models import tokens
+
+    with session_scope() as session:
+        _, token = tokens.create_admin(session, "tests")
+    return token
+
+
+@pytest.fixture
+def admin(client: TestClient, admin_token: str) -> TestClient:
+    client.headers["Authorization"] = f"Bearer {admin_token}"
+    return client
+
+
+def tiny_spec(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "tiny",
+        "backend": "local",
+        "command": ["python", "-c", "pass"],
+        "procs_per_node": 2,
+        "labels": {"team": "research"},
+    }
+    spec.update(overrides)
+    return spec
+
+
+@pytest.fixture
+def make_job(admin: TestClient) -> Callable[..., dict[str, Any]]:
+    def make(**overrides: Any) -> dict[str, Any]:
+        response = admin.post("/v1/jobs", json=tiny_spec(**overrides))
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    return make
+
+
+def row_counts() -> dict[str, int]:
+    from api.core.db import get_engine
+    from api.database.tables import Base
+
+    with get_engine().connect() as connection:
+        return {
+            name: int(connection.execute(text(f"SELECT COUNT(*) FROM {name}")).scalar_one())
+            for name in Base.metadata.tables
+        }

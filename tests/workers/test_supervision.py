@@ -1,0 +1,213 @@
+"""Supervision decisions through the Backend interface, with a scripted backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.schemas.spec import JobSpec
+from workers.backends.base import AttemptPhase, AttemptStatus, FaultRequest, LaunchRequest, ObservedEvent
+
+
+@dataclass
+class ScriptedBackend:
+    """Reports whatever status the test sets per attempt; records launches and cancels."""
+
+    name: str = "local"
+    statuses: dict[int, AttemptStatus] = field(default_factory=dict)
+    launches: list[LaunchRequest] = field(default_factory=list)
+    cancels: list[int] = field(default_factory=list)
+    fail_launch: bool = False
+
+    def render(self, request: LaunchRequest) -> str:
+        return "scripted"
+
+    def launch(self, request: LaunchRequest) -> None:
+        if self.fail_launch:
+            raise RuntimeError("cluster unreachable")
+        self.launches.append(request)
+
+    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
+        return self.statuses.get(attempt, AttemptStatus(AttemptPhase.running))
+
+    def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
+        raise NotImplementedError
+
+    def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
+        self.cancels.append(attempt)
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch, app: Any) -> ScriptedBackend:
+    scripted = ScriptedBackend()
+    for module in ("workers.supervision.launching", "workers.supervision.restarts", "workers.supervision.reconcile"):
+        monkeypatch.setattr(f"{module}.get_backend", lambda name: scripted)
+    return scripted
+
+
+def supervise(job_id: str, **kwargs: Any) -> None:
+    from api.core.db import session_scope
+    from workers.supervision.reconcile import supervise_job
+
+    with session_scope() as session:
+        supervise_job(session, job_id, **kwargs)
+
+
+def types(admin: TestClient, job_id: str) -> list[str]:
+    return [e["type"] for e in admin.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["items"]]
+
+
+def test_submit_launches_attempt_zero_once(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
+    job = make_job()
+    supervise(job["id"], force_launch=True)
+    supervise(job["id"], force_launch=True)  # a redelivered submit task
+    assert len(backend.launches) == 1
+    launch = backend.launches[0]
+    assert launch.attempt == 0 and launch.token.startswith("ftp_job_")
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["status"] == "SUBMITTED"
+    assert types(admin, job["id"]) == ["submitted"]
+    beat = TestClient(admin.app).post(
+        f"/v1/jobs/{job['id']}/heartbeats",
+        json={"heartbeats": [{"rank": 0, "step": 1}]},
+        headers={"Authorization": f"Bearer {launch.token}"},
+    )
+    assert beat.status_code == 200  # the launch token is a valid trainer token
+
+
+def test_launch_failure_ends_failed_with_cause(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
+    backend.fail_launch = True
+    job = make_job()
+    supervise(job["id"], force_launch=True)
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["status"] == "FAILED"
+    assert "cluster unreachable" in body["status_reason"]
+    failed = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "failed"]
+    assert "cluster unreachable" in failed[0]["details"]["cause"]
+
+
+def test_success(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
+    job = make_job()
+    supervise(job["id"], force_launch=True)
+    backend.statuses[0] = AttemptStatus(AttemptPhase.succeeded)
+    supervise(job["id"])
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "SUCCEEDED"
+    assert types(admin, job["id"])[-1] == "succeeded"
+
+
+def test_failure_climbs_to_job_restart_excluding_the_node_then_budget_ends_it(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    job = make_job(resiliency={"max_job_restarts": 1, "max_in_job_restarts": 2})
+    supervise(job["id"], force_launch=True)
+    backend.statuses[0] = AttemptStatus(
+        AttemptPhase.failed,
+        cause="exit code 137 (OOMKilled) on node n7",
+        in_job_restarts=2,
+        failed_nodes=("n7",),
+        events=[ObservedEvent(key="obs-1", type="rank_failed", rank=1, node="n7", details={"cause": "exit 137"})],
+    )
+    supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 1 and body["job_restarts"] == 1
+    assert body["status"] == "RECOVERING"
+    assert body["excluded_nodes"] == ["n7"]
+    assert backend.cancels == [0]
+    assert [r.attempt for r in backend.launches] == [0, 1]
+    assert backend.launches[1].excluded_nodes == ("n7",)
+    seen = types(admin, job["id"])
+    for expected in ("rank_failed", "injob_restart", "node_excluded", "job_restart", "submitted"):
+        assert expected in seen
+    assert seen.count("injob_restart") == 2
+    restart = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "job_restart"][0]
+    assert restart["attempt"] == 1 and "OOMKilled" in restart["details"]["cause"]
+
+    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"attempt": 1, "heartbeats": [{"rank": 0, "step": 5}]})
+    backend.statuses[1] = AttemptStatus(AttemptPhase.failed, cause="exit code 1")
+    supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["status"] == "FAILED"
+    assert "job restart budget (1) spent" in body["status_reason"]
+    assert len(backend.launches) == 2
+
+
+def test_restart_loop_without_progress_fails_before_the_budget_is_spent(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    job = make_job(resiliency={"max_job_restarts": 50})
+    supervise(job["id"], force_launch=True)
+    for attempt in range(5):
+        beats = {"attempt": attempt, "heartbeats": [{"rank": 0, "step": 7}]}
+        admin.post(f"/v1/jobs/{job['id']}/heartbeats", json=beats)
+        backend.statuses[attempt] = AttemptStatus(AttemptPhase.failed, cause="exit code 1")
+        supervise(job["id"])
+        if admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "FAILED":
+            break
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["status"] == "FAILED"
+    assert "no progress" in body["status_reason"] and "step 7" in body["status_reason"]
+    assert body["job_restarts"] == 2  # three failures at step 7, not fifty
+
+
+def test_progress_between_failures_keeps_restarting(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    job = make_job(resiliency={"max_job_restarts": 5})
+    supervise(job["id"], force_launch=True)
+    for attempt in range(4):
+        beats = {"attempt": attempt, "heartbeats": [{"rank": 0, "step": 10 * (attempt + 1)}]}
+        admin.post(f"/v1/jobs/{job['id']}/heartbeats", json=beats)
+        backend.statuses[attempt] = AttemptStatus(AttemptPhase.failed, cause="exit code 1")
+        supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["status"] == "RECOVERING" and body["attempt"] == 4
+
+
+def test_silent_rank_is_a_hang_and_a_long_one_escalates(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    from api.core.db import session_scope
+    from api.database.tables import RankLiveness
+    from api.schemas.events import utcnow
+
+    job = make_job(resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
+    now = utcnow()
+    admin.post(
+        f"/v1/jobs/{job['id']}/heartbeats",
+        json={"heartbeats": [{"rank": 0, "step": 4, "ts": now.isoformat()}, {"rank": 1, "step": 4}]},
+    )
+    supervise(job["id"])
+    assert "hang_detected" not in types(admin, job["id"])
+
+    with session_scope() as session:
+        row = session.get(RankLiveness, (job["id"], 1))
+        assert row is not None
+        row.last_seen = now - timedelta(seconds=12)
+    supervise(job["id"])
+    supervise(job["id"])  # the same silence is recorded once
+    hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
+    assert len(hangs) == 1 and hangs[0]["rank"] == 1 and "no heartbeat for" in hangs[0]["details"]["cause"]
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RECOVERING"
+
+    with session_scope() as session:
+        row = session.get(RankLiveness, (job["id"], 1))
+        assert row is not None
+        row.last_seen = now - timedelta(seconds=25)
+    supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 1 and "hang not recovered in-job" in body["status_reason"]
+
+
+def test_cancel_of_a_launched_job_tears_it_down(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
+    job = make_job()
+    supervise(job["id"], force_launch=True)
+    assert admin.post(f"/v1/jobs/{job['id']}/cancel").json()["cancel_requested"] is True
+    supervise(job["id"])
+    assert backend.cancels == [0]
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "CANCELLED"
