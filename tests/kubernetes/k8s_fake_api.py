@@ -12,6 +12,7 @@ errors or delays on chosen calls, and exec into pods over a real WebSocket.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import hashlib
 import itertools
@@ -128,6 +129,7 @@ class Rule:
     times: int = 1
     delay: float = 0.0
     retry_after: int | None = None
+    after: bool = False  # delay the answer after the request took effect (a reply lost on the way back)
     hits: int = 0
 
 
@@ -167,7 +169,9 @@ class FakeKube:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:
@@ -196,14 +200,15 @@ class FakeKube:
         times: int = 1,
         delay: float = 0.0,
         retry_after: int | None = None,
+        after: bool = False,
     ) -> Rule:
-        rule = Rule(method.upper(), re.compile(path), status, times, delay, retry_after)
+        rule = Rule(method.upper(), re.compile(path), status, times, delay, retry_after, after)
         with self.lock:
             self.rules.append(rule)
         return rule
 
-    def delay(self, method: str, path: str, seconds: float, *, times: int = 1) -> Rule:
-        return self.fail(method, path, status=None, times=times, delay=seconds)
+    def delay(self, method: str, path: str, seconds: float, *, times: int = 1, after: bool = False) -> Rule:
+        return self.fail(method, path, status=None, times=times, delay=seconds, after=after)
 
     def _rule_for(self, method: str, path: str) -> Rule | None:
         with self.lock:
@@ -686,6 +691,8 @@ REASONS = {
 class _Handler(BaseHTTPRequestHandler):
     kube: FakeKube
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    wbufsize = 1 << 16  # one write per response (flushed by the server after each request)
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
@@ -710,22 +717,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.kube.requests.append(record)
         rule = self.kube._rule_for(method, url.path)
         if rule is not None:
-            if rule.delay:
+            if rule.delay and not rule.after:
                 time.sleep(rule.delay)
             if rule.status:
                 record.status = rule.status
                 headers = {"Retry-After": str(rule.retry_after)} if rule.retry_after is not None else {}
                 reason = REASONS.get(rule.status, "InternalError")
-                try:
+                with contextlib.suppress(OSError):
                     self._send(rule.status, _status(rule.status, reason, f"injected {rule.status}"), headers)
-                except OSError:
-                    pass
                 return
         try:
             code, out = self._route(method, url.path, query, body)
         except ApiError as exc:
             code, out = exc.code, _status(exc.code, exc.reason, exc.message)
         record.status = code
+        if rule is not None and rule.after:
+            time.sleep(rule.delay)
         try:
             if code == 101:
                 return

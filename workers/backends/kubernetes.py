@@ -59,7 +59,7 @@ NODE_LEVEL_POD_REASONS = frozenset(
     {"Evicted", "NodeLost", "Shutdown", "Terminated", "NodeShutdown", "UnexpectedAdmissionError"}
 )
 NODE_LEVEL_DISRUPTIONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC", "TerminationByKubelet"})
-NODE_LOSS_EVENT_REASONS = frozenset({"NodeNotReady", "TaintManagerEviction", "NodeLost", "NodeShutdown"})
+NODE_LOSS_EVENT_REASONS = ("NodeNotReady", "NodeLost", "NodeShutdown", "TaintManagerEviction")
 IMAGE_ERRORS_PERMANENT = frozenset({"InvalidImageName", "ErrImageNeverPull"})
 # Waiting reasons that may clear up by themselves (a registry hiccup, a Secret or PVC not there yet).
 STUCK_WAITING_REASONS = frozenset(
@@ -196,7 +196,11 @@ class KubernetesBackend:
             if in_cluster:
                 k8s_config.load_incluster_config(client_configuration=configuration)
             else:
-                k8s_config.load_kube_config(context=settings.kube_context, client_configuration=configuration)
+                k8s_config.load_kube_config(
+                    config_file=os.environ.get("KUBECONFIG"),  # read now, not at import time
+                    context=settings.kube_context,
+                    client_configuration=configuration,
+                )
         except (k8s_config.ConfigException, OSError) as exc:
             where = (
                 "in-cluster service account"
@@ -658,10 +662,11 @@ class AttemptView:
         return None
 
     def _node_loss_event(self, pod_name: str) -> dict[str, Any] | None:
-        for ev in self.pod_events.get(pod_name, []):
-            if ev.get("reason") in NODE_LOSS_EVENT_REASONS:
-                return ev
-        return None
+        """The most telling Event of a node going away (NodeNotReady says more than the eviction after it)."""
+        found = [
+            ev for ev in self.pod_events.get(pod_name, []) if ev.get("reason") in NODE_LOSS_EVENT_REASONS
+        ]
+        return min(found, key=lambda ev: NODE_LOSS_EVENT_REASONS.index(ev["reason"]), default=None)
 
     def _pod_failure(self, pod: dict[str, Any]) -> Failure | None:
         meta, status = pod["metadata"], pod.get("status", {})
