@@ -257,8 +257,9 @@ def _report_failure(
     step: int,
     iteration: nvrx.Iteration,
 ) -> None:
-    """`rank_failed`, before the Wrapper restarts us or the process dies. The first rank to fail in
-    an iteration is the root cause; the others failed because of it (e.g. a collective timed out)."""
+    """`rank_failed`, before the Wrapper restarts us or the process dies. Ranks that fail because
+    another one did (a collective timed out) say so: `first_to_fail` is true only for the first rank
+    that reported a failure in this iteration, and `first_failure` names it."""
     if nvrx.is_restart_signal(exc):
         log.warning("rank %d interrupted for an in-process restart: %s", rank, exc)
         return
@@ -272,7 +273,7 @@ def _report_failure(
         details={
             "cause": type(exc).__name__,
             "exception": "".join(traceback.format_exception_only(exc)).strip()[:4000],
-            "root_cause": first,
+            "first_to_fail": first,
             "first_failure": first_cause,
             "iteration": iteration.index,
             "inprocess": cfg.inprocess,
