@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from api import metrics
 from api.core import errors
 from api.core.config import Settings, get_settings
 from api.core.limits import BodySizeLimit
 from api.core.logging import configure_logging
-from api.routes import health, jobs, reports, tokens
+from api.routes import dashboard, health, jobs, reports, tokens, webhooks
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
@@ -28,4 +29,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     for router in (health.router, jobs.router, reports.router, tokens.router):
         app.include_router(router)
+    for router in (webhooks.router, metrics.router, dashboard.router):
+        app.include_router(router)
+    dashboard.mount_static(app)
     return app

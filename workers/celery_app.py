@@ -13,6 +13,7 @@ TASK_MODULES = [
     "workers.tasks.supervise",
     "workers.tasks.cancel",
     "workers.tasks.faults",
+    "workers.tasks.webhooks",
 ]
 
 
@@ -66,6 +67,11 @@ def configure(app: Celery, settings: Settings) -> None:
                 "task": "ftplane.supervise_jobs",
                 "schedule": settings.supervise_interval_s,
                 "options": {"expires": settings.supervise_interval_s * 3},
+            },
+            "sweep-webhook-deliveries": {  # deliveries whose task was lost, and retries far ahead
+                "task": "ftplane.sweep_webhook_deliveries",
+                "schedule": 10.0,
+                "options": {"expires": 30.0},
             },
         },
         beat_schedule_filename=str(Path(settings.data_dir).resolve() / "celerybeat-schedule"),

@@ -20,6 +20,7 @@ from api.database.tables import Job
 from api.models import events as event_store
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
+from api.services import notifications
 
 
 class JobStatus(StrEnum):
@@ -121,11 +122,13 @@ def transition(
         job.finished_at = now
         body = {"cause": cause} if cause else {}
         body.update(details or {})
-        event_store.record(
+        stored = event_store.record(
             session,
             job,
             EventIn(key=f"lifecycle:{to.value.lower()}", type=TERMINAL_EVENT[to], ts=now, details=body),
         )
+        if stored is not None:  # the job's end is announced like any other new event (webhooks, metrics)
+            notifications.events_stored(session, job, [stored])
     return True
 
 

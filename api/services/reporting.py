@@ -38,6 +38,7 @@ def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tupl
     if attempt < job.attempt:
         return 0, []  # a straggler of an attempt already replaced: nothing to learn from it
     accepted = liveness.record_heartbeats(session, job.id, attempt, batch.heartbeats)
+    notifications.heartbeats_ingested(accepted)
     ranks = {b.rank for b in batch.heartbeats}
     pending = session.scalars(
         select(PendingFault).where(

@@ -1,0 +1,289 @@
+"""Read models for the dashboard: jobs with restart counts, a job's timeline and progress,
+checkpoints, rank liveness, and goodput when the goodput service is installed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.database.tables import Event, Job, RankLiveness
+from api.models import jobs as job_store
+from api.models import liveness
+from api.schemas.events import RESTART_TYPES, EventType, utcnow
+from api.services import lifecycle
+from api.services.goodput_view import GoodputView, goodput_available, goodput_of, number
+
+RUNGS: tuple[tuple[EventType, str], ...] = (
+    (EventType.inprocess_restart, "in-process"),
+    (EventType.injob_restart, "in-job"),
+    (EventType.job_restart, "job"),
+)
+
+LANES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("lifecycle", frozenset({"submitted", "scheduled", "running", "succeeded", "failed", "cancelled"})),
+    (
+        "faults",
+        frozenset(
+            {
+                "fault_injected",
+                "rank_failed",
+                "node_failed",
+                "heartbeat_lost",
+                "hang_detected",
+                "node_excluded",
+            }
+        ),
+    ),
+    ("restarts", frozenset(t.value for t in RESTART_TYPES)),
+    ("checkpoints", frozenset({"checkpoint_saved", "checkpoint_loaded"})),
+)
+TIMELINE_EVENTS_MAX = 2000
+TIMELINE_WIDTH = 1000.0
+LANE_HEIGHT = 28.0
+LABEL_WIDTH = 90.0
+
+
+# ---- jobs list ---------------------------------------------------------------------------------
+
+
+@dataclass
+class JobRow:
+    job: Job
+    restarts: dict[str, int]
+    goodput: GoodputView | None
+
+    @property
+    def total_restarts(self) -> int:
+        return sum(self.restarts.values())
+
+
+def restart_counts(session: Session, job_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {j: {t.value: 0 for t, _ in RUNGS} for j in job_ids}
+    if not job_ids:
+        return counts
+    rows = session.execute(
+        select(Event.job_id, Event.type, func.count())
+        .where(Event.job_id.in_(list(job_ids)), Event.type.in_([t.value for t, _ in RUNGS]))
+        .group_by(Event.job_id, Event.type)
+    )
+    for job_id, event_type, count in rows:
+        counts[job_id][event_type] = int(count)
+    return counts
+
+
+def job_rows(session: Session, *, status: str | None = None, limit: int = 100) -> list[JobRow]:
+    jobs, _ = job_store.page(session, statuses=[status] if status else [], limit=limit)
+    counts = restart_counts(session, [j.id for j in jobs])
+    with_goodput = goodput_available()
+    return [JobRow(j, counts[j.id], goodput_of(session, j) if with_goodput else None) for j in jobs]
+
+
+# ---- one job -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Marker:
+    x: float
+    y: float
+    type: str
+    title: str
+    restart: bool
+
+
+@dataclass
+class Timeline:
+    start: datetime
+    end: datetime
+    lanes: list[tuple[str, float]]
+    markers: list[Marker]
+    restart_xs: list[tuple[float, str]]
+    ticks: list[tuple[float, str]]
+    height: float
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    ts: datetime
+    attempt: int
+    step: int | None
+    blocking_s: float | None
+    total_s: float | None
+    bytes: int | None
+
+
+@dataclass(frozen=True)
+class RankCell:
+    rank: int
+    seen: bool
+    stale: bool
+    step: int | None = None
+    node: str | None = None
+    age_s: float | None = None
+    throughput: float | None = None
+
+
+@dataclass
+class JobView:
+    job: Job
+    restarts: dict[str, int]
+    timeline: Timeline
+    progress: dict[str, Any]
+    checkpoints: list[CheckpointRow]
+    ranks: list[RankCell]
+    heartbeat_timeout_s: float
+    goodput: GoodputView | None
+    goodput_installed: bool
+    recent: list[Event] = field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        return self.job.status in lifecycle.TERMINAL
+
+
+def _cause(event: Event) -> str:
+    details = event.details or {}
+    cause = details.get("cause") or details.get("reason") or details.get("kind")
+    return str(cause) if cause else ""
+
+
+def describe(event: Event) -> str:
+    parts = [event.type.replace("_", " ")]
+    where = [f"rank {event.rank}" if event.rank is not None else "", event.node or ""]
+    where += [f"step {event.step}" if event.step is not None else "", f"attempt {event.attempt}"]
+    parts.append("(" + ", ".join(w for w in where if w) + ")")
+    cause = _cause(event)
+    if cause:
+        parts.append(f": {cause}")
+    return " ".join(parts)
+
+
+def _ticks(start: datetime, end: datetime, count: int = 6) -> list[tuple[float, str]]:
+    span = (end - start).total_seconds()
+    fmt = "%H:%M:%S" if span < 86400 else "%m-%d %H:%M"
+    return [
+        (
+            LABEL_WIDTH + (TIMELINE_WIDTH - LABEL_WIDTH) * i / (count - 1),
+            (start + timedelta(seconds=span * i / (count - 1))).strftime(fmt),
+        )
+        for i in range(count)
+    ]
+
+
+def timeline(job: Job, events: Sequence[Event], now: datetime) -> Timeline:
+    truncated = len(events) >= TIMELINE_EVENTS_MAX
+    start = min([job.created_at, *(e.ts for e in events)])
+    end = max([job.finished_at or now, *(e.ts for e in events)])
+    if (end - start).total_seconds() < 1:
+        end = start + timedelta(seconds=1)
+    span = (end - start).total_seconds()
+    usable = TIMELINE_WIDTH - LABEL_WIDTH - 10
+    lanes = [(name, 20 + LANE_HEIGHT * i + LANE_HEIGHT / 2) for i, (name, _) in enumerate(LANES)]
+    lane_y = {t: y for (name, types), (_, y) in zip(LANES, lanes, strict=True) for t in types}
+    markers: list[Marker] = []
+    restart_xs: list[tuple[float, str]] = []
+    for e in events:
+        x = LABEL_WIDTH + usable * (e.ts - start).total_seconds() / span
+        restart = e.type in RESTART_TYPES
+        title = f"{e.ts.strftime('%H:%M:%S')} {describe(e)}"
+        markers.append(Marker(round(x, 1), lane_y.get(e.type, lanes[1][1]), e.type, title, restart))
+        if restart:
+            restart_xs.append((round(x, 1), title))
+    height = 20 + LANE_HEIGHT * len(LANES) + 22
+    return Timeline(start, end, lanes, markers, restart_xs, _ticks(start, end), height, truncated)
+
+
+def progress(events: Sequence[Event], start: datetime) -> dict[str, Any]:
+    """uPlot data: steps reached over time (from events carrying a step) and restart times."""
+    points = [(e.ts, e.step) for e in events if e.step is not None]
+    return {
+        "t": [round(ts.timestamp(), 3) for ts, _ in points],
+        "step": [step for _, step in points],
+        "restarts": [
+            {"t": round(e.ts.timestamp(), 3), "type": e.type, "label": describe(e)}
+            for e in events
+            if e.type in RESTART_TYPES
+        ],
+        "start": round(start.timestamp(), 3),
+    }
+
+
+def checkpoints(events: Sequence[Event]) -> list[CheckpointRow]:
+    rows = []
+    for e in events:
+        if e.type != EventType.checkpoint_saved:
+            continue
+        d = e.details or {}
+        size = d.get("bytes")
+        rows.append(
+            CheckpointRow(
+                ts=e.ts,
+                attempt=e.attempt,
+                step=e.step if e.step is not None else d.get("step"),
+                blocking_s=number(d.get("blocking_s")),
+                total_s=number(d.get("total_s")),
+                bytes=int(size) if isinstance(size, int | float) and not isinstance(size, bool) else None,
+            )
+        )
+    return rows[::-1]
+
+
+def rank_cells(
+    job: Job, rows: Sequence[RankLiveness], world_size: int, timeout_s: float, now: datetime
+) -> list[RankCell]:
+    """One cell per rank of the spec (and any extra rank that reported); stale as in GET /ranks."""
+    cutoff = now - timedelta(seconds=timeout_s)
+    by_rank = {r.rank: r for r in rows}
+    cells = []
+    for rank in sorted(set(range(world_size)) | set(by_rank)):
+        row = by_rank.get(rank)
+        if row is None:
+            cells.append(RankCell(rank=rank, seen=False, stale=False))
+            continue
+        stale = row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
+        cells.append(
+            RankCell(
+                rank=rank,
+                seen=True,
+                stale=stale,
+                step=row.step,
+                node=row.node,
+                age_s=max(0.0, (now - row.last_seen).total_seconds()),
+                throughput=row.throughput,
+            )
+        )
+    return cells
+
+
+def recent_events(session: Session, job_id: str, limit: int = TIMELINE_EVENTS_MAX) -> list[Event]:
+    """The newest `limit` events of the job, oldest first."""
+    rows = session.scalars(
+        select(Event).where(Event.job_id == job_id).order_by(Event.ts.desc(), Event.id.desc()).limit(limit)
+    )
+    return list(rows)[::-1]
+
+
+def job_view(session: Session, job: Job) -> JobView:
+    now = utcnow()
+    events = recent_events(session, job.id)
+    spec = lifecycle.spec_of(job)
+    tl = timeline(job, events, now)
+    return JobView(
+        job=job,
+        restarts=restart_counts(session, [job.id])[job.id],
+        timeline=tl,
+        progress=progress(events, tl.start),
+        checkpoints=checkpoints(events),
+        ranks=rank_cells(
+            job, liveness.ranks(session, job.id), spec.world_size, spec.resiliency.heartbeat_timeout_s, now
+        ),
+        heartbeat_timeout_s=spec.resiliency.heartbeat_timeout_s,
+        goodput=goodput_of(session, job),
+        goodput_installed=goodput_available(),
+        recent=list(events[-30:])[::-1],
+    )

@@ -1,0 +1,144 @@
+"""What a webhook says: the JSON body (Standard Webhooks shape, or a Slack message) and its signature.
+
+The standard body, stored with the delivery when the event is stored, so every retry of one
+`webhook-id` carries the same content:
+
+    {"type": "injob_restart", "timestamp": "<event time>",
+     "data": {"event": {id, type, ts, attempt, rank, node, step, details},
+              "job": {id, name, status, attempt, labels, url}}}
+
+Headers: `webhook-id` (stable across retries), `webhook-timestamp` (this attempt, Unix
+seconds) and `webhook-signature` (`v1,<base64 HMAC-SHA256>`), made with the `standardwebhooks`
+library; receivers verify with it or any Standard Webhooks implementation.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from datetime import datetime
+from typing import Any
+
+from standardwebhooks import Webhook
+
+from api.database.tables import Event, Job
+from api.schemas.events import EventType, utcnow
+
+SECRET_PREFIX = "whsec_"
+USER_AGENT = "ftplane-webhooks/1"
+
+DEFAULT_EVENT_TYPES: tuple[EventType, ...] = (
+    EventType.inprocess_restart,
+    EventType.injob_restart,
+    EventType.job_restart,
+    EventType.hang_detected,
+    EventType.node_excluded,
+    EventType.succeeded,
+    EventType.failed,
+    EventType.cancelled,
+)
+
+_TITLES = {
+    EventType.inprocess_restart: (":repeat:", "in-process restart"),
+    EventType.injob_restart: (":arrows_counterclockwise:", "in-job restart"),
+    EventType.job_restart: (":recycle:", "job restart"),
+    EventType.hang_detected: (":hourglass:", "hang detected"),
+    EventType.node_excluded: (":no_entry:", "node excluded"),
+    EventType.succeeded: (":white_check_mark:", "succeeded"),
+    EventType.failed: (":x:", "failed"),
+    EventType.cancelled: (":octagonal_sign:", "cancelled"),
+}
+
+
+def new_secret() -> str:
+    """A Standard Webhooks signing secret: `whsec_` + base64 of 32 random bytes."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def job_summary(job: Job, public_url: str | None = None) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "id": job.id,
+        "name": job.name,
+        "status": job.status,
+        "attempt": job.attempt,
+        "labels": dict(job.labels or {}),
+    }
+    if public_url:
+        summary["url"] = f"{public_url.rstrip('/')}/jobs/{job.id}"
+    return summary
+
+
+def standard_payload(job: Job, event: Event, public_url: str | None = None) -> dict[str, Any]:
+    return {
+        "type": event.type,
+        "timestamp": _iso(event.ts),
+        "data": {
+            "event": {
+                "id": event.id,
+                "type": event.type,
+                "ts": _iso(event.ts),
+                "attempt": event.attempt,
+                "rank": event.rank,
+                "node": event.node,
+                "step": event.step,
+                "details": dict(event.details or {}),
+            },
+            "job": job_summary(job, public_url),
+        },
+    }
+
+
+def _slack_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """A Slack incoming-webhook message (`text` for notifications, `blocks` for the layout)."""
+    event = payload["data"]["event"]
+    job = payload["data"]["job"]
+    try:
+        emoji, title = _TITLES[EventType(event["type"])]
+    except (KeyError, ValueError):
+        emoji, title = ":information_source:", str(event["type"]).replace("_", " ")
+    cause = (event.get("details") or {}).get("cause")
+    name = _slack_escape(str(job["name"]))
+    headline = f"{emoji} {name}: {title}"
+    if cause:
+        headline += f": {_slack_escape(str(cause))[:300]}"
+    facts = [f"job `{job['id']}`", f"status *{job['status']}*", f"attempt {event['attempt']}"]
+    for key in ("rank", "node", "step"):
+        if event.get(key) is not None:
+            facts.append(f"{key} {_slack_escape(str(event[key]))}")
+    linked = f"<{job['url']}|{name}>" if job.get("url") else name
+    section = f"*{linked}*: {title}"
+    if cause:
+        section += f"\n>{_slack_escape(str(cause))[:1000]}"
+    return {
+        "text": headline,
+        "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": section}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(facts)}]},
+        ],
+    }
+
+
+def render(payload: dict[str, Any], fmt: str) -> bytes:
+    body = slack_payload(payload) if fmt == "slack" else payload
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=str).encode("utf-8")
+
+
+def signed_headers(secret: str, webhook_id: str, body: bytes, at: datetime | None = None) -> dict[str, str]:
+    at = at or utcnow()
+    signature = Webhook(secret).sign(msg_id=webhook_id, timestamp=at, data=body.decode("utf-8"))
+    return {
+        "content-type": "application/json",
+        "user-agent": USER_AGENT,
+        "webhook-id": webhook_id,
+        "webhook-timestamp": str(int(at.timestamp())),
+        "webhook-signature": signature,
+    }

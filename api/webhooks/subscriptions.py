@@ -1,0 +1,60 @@
+"""Webhook subscriptions: create (with a fresh signing secret), list, delete, and match events."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from api.core.security import new_id
+from api.database.tables import Event, Job, WebhookSubscription
+from api.schemas.events import utcnow
+from api.webhooks import targets
+from api.webhooks.messages import new_secret
+from api.webhooks.schemas import WebhookIn
+
+
+def create(session: Session, body: WebhookIn, *, allow_private: bool) -> tuple[WebhookSubscription, str]:
+    """Raises targets.TargetRefused for a URL the control plane may not call."""
+    targets.validate(body.url, allow_private=allow_private)
+    secret = new_secret()
+    row = WebhookSubscription(
+        id=new_id(),
+        url=body.url,
+        event_types=[t.value for t in body.event_types],
+        label_selector=dict(body.label_selector),
+        format=body.format,
+        secret=secret,
+        active=True,
+        created_at=utcnow(),
+    )
+    session.add(row)
+    session.flush()
+    return row, secret
+
+
+def list_all(session: Session) -> list[WebhookSubscription]:
+    return list(session.scalars(select(WebhookSubscription).order_by(WebhookSubscription.created_at)))
+
+
+def get(session: Session, subscription_id: str) -> WebhookSubscription | None:
+    return session.get(WebhookSubscription, subscription_id)
+
+
+def remove(session: Session, subscription_id: str) -> bool:
+    """Delete the subscription and its delivery log; pending deliveries are dropped."""
+    from api.database.tables import WebhookDelivery
+
+    session.execute(delete(WebhookDelivery).where(WebhookDelivery.subscription_id == subscription_id))
+    result = session.execute(delete(WebhookSubscription).where(WebhookSubscription.id == subscription_id))
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def active(session: Session) -> list[WebhookSubscription]:
+    return list(session.scalars(select(WebhookSubscription).where(WebhookSubscription.active.is_(True))))
+
+
+def matches(subscription: WebhookSubscription, job: Job, event: Event) -> bool:
+    if event.type not in subscription.event_types:
+        return False
+    labels = job.labels or {}
+    return all(labels.get(key) == value for key, value in (subscription.label_selector or {}).items())
