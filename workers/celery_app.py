@@ -5,8 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from celery import Celery
+from kombu.transport import sqlalchemy as kombu_sqlalchemy
 
 from api.core.config import Settings, get_settings
+
+# The SQLAlchemy transport polls once a second by default, and its transport options go to
+# create_engine, so its polling interval can only be set on the class.
+kombu_sqlalchemy.Transport.polling_interval = 0.1
 
 TASK_MODULES = [
     "workers.tasks.submit",
@@ -25,20 +30,15 @@ def broker_settings(settings: Settings) -> dict[str, object]:
             # Unacked tasks of a dead worker come back after this long (acks_late).
             "broker_transport_options": {"visibility_timeout": 3600},
         }
-    folder = (settings.data_dir / "broker").resolve()
-    for sub in ("queue", "processed", "control"):
-        (folder / sub).mkdir(parents=True, exist_ok=True)
+    # kombu's SQLAlchemy transport on a SQLite file: transactional, so a message is never read
+    # half-written (the filesystem transport can be), and no server is needed.
+    broker_db = (settings.data_dir / "broker.sqlite").resolve()
+    broker_db.parent.mkdir(parents=True, exist_ok=True)
     return {
-        "broker_url": "filesystem://",
+        "broker_url": f"sqla+sqlite:///{broker_db}",
         "result_backend": None,
-        "broker_transport_options": {
-            "data_folder_in": str(folder / "queue"),
-            "data_folder_out": str(folder / "queue"),
-            "processed_folder": str(folder / "processed"),
-            "control_folder": str(folder / "control"),
-            "store_processed": False,
-            "polling_interval": 0.1,
-        },
+        # These go to create_engine: wait on a locked database instead of failing at once.
+        "broker_transport_options": {"connect_args": {"timeout": 30}},
     }
 
 

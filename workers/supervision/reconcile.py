@@ -91,7 +91,8 @@ def _record_observations(session: Session, job: Job, attempt: Attempt, status: A
         failed_step = restarts.note_failure(session, job, attempt)
         events.append(
             EventIn(
-                key=f"injob_restart:a{job.attempt}:r{n}",
+                # The trainer reports the same restart under the same key: it is stored once.
+                key=f"injob_restart:{job.id}:{job.attempt}:{n}",
                 type=EventType.injob_restart,
                 attempt=job.attempt,
                 step=failed_step,
