@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from k8s_fake_api import FakeKube
-from k8s_support import validate_strict
 
+from tests.kubernetes.k8s_fake_api import FakeKube
+from tests.kubernetes.k8s_support import validate_strict
 from workers.backends.kubernetes import KubernetesBackend, RetryPolicy
 
 

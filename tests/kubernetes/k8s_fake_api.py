@@ -169,9 +169,7 @@ class FakeKube:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        ).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -230,9 +228,7 @@ class FakeKube:
             out = [
                 copy.deepcopy(o)
                 for (p, n, _), o in sorted(self.objects.items())
-                if p == plural
-                and (ns is None or n == ns)
-                and match_labels(selector, o["metadata"].get("labels") or {})
+                if p == plural and (ns is None or n == ns) and match_labels(selector, o["metadata"].get("labels") or {})
             ]
         return out
 
@@ -273,9 +269,7 @@ class FakeKube:
                 meta[key] = old["metadata"][key]
             meta["resourceVersion"] = str(next(self.rv))
             if plural == "secrets" and "stringData" in obj:
-                obj["data"] = {
-                    k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()
-                }
+                obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
             self.objects[(plural, ns, name)] = obj
             return copy.deepcopy(obj)
 
@@ -289,9 +283,7 @@ class FakeKube:
             self.objects[(plural, ns, name)] = obj
             return copy.deepcopy(obj)
 
-    def delete(
-        self, plural: str, ns: str, name: str, policy: str | None = None, *, by_user: bool = True
-    ) -> dict:
+    def delete(self, plural: str, ns: str, name: str, policy: str | None = None, *, by_user: bool = True) -> dict:
         with self.lock:
             obj = self.objects.pop((plural, ns, name), None)
             if obj is None:
@@ -363,8 +355,7 @@ class FakeKube:
             (
                 o
                 for (p, _, _), o in self.objects.items()
-                if p == "pods"
-                and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+                if p == "pods" and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
             ),
             key=lambda o: int(o["metadata"]["labels"][INDEX_LABEL]),
         )
@@ -484,14 +475,10 @@ class FakeKube:
                 if pod["spec"].get("nodeName"):
                     continue
                 excluded = _excluded_nodes(pod)
-                free = [
-                    n for n in self.nodes if n not in used and n not in excluded and n not in self.not_ready
-                ]
+                free = [n for n in self.nodes if n not in used and n not in excluded and n not in self.not_ready]
                 ts = now_iso()
                 if not free:
-                    message = (
-                        f"0/{len(self.nodes)} nodes are available: {len(excluded)} node(s) didn't match "
-                    )
+                    message = f"0/{len(self.nodes)} nodes are available: {len(excluded)} node(s) didn't match "
                     message += "Pod's node affinity/selector, the others are busy."
                     pod["status"]["conditions"] = [
                         {
@@ -508,9 +495,7 @@ class FakeKube:
                 used.add(node)
                 placed.append(node)
                 pod["spec"]["nodeName"] = node
-                pod["status"]["conditions"] = [
-                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts}
-                ]
+                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": ts}]
                 ns_name = f"{ns}/{pod['metadata']['name']}"
                 self.event(pod, "Scheduled", f"Successfully assigned {ns_name} to {node}")
             return placed
@@ -536,16 +521,12 @@ class FakeKube:
                     startTime=ts,
                     containerStatuses=[_container("trainer", pod, {"running": {"startedAt": ts}})],
                 )
-                pod["status"]["conditions"].append(
-                    {"type": "Ready", "status": "True", "lastTransitionTime": ts}
-                )
+                pod["status"]["conditions"].append({"type": "Ready", "status": "True", "lastTransitionTime": ts})
                 ranks = rank_layout(index, ppn) if rank_layout else [index * ppn + i for i in range(ppn)]
                 self.processes[pod["metadata"]["name"]] = {100 + i: r for i, r in enumerate(ranks)}
             self._sync(job_obj)
 
-    def exit(
-        self, job: str, ns: str, index: int, code: int, reason: str = "Error", message: str = ""
-    ) -> None:
+    def exit(self, job: str, ns: str, index: int, code: int, reason: str = "Error", message: str = "") -> None:
         with self.lock:
             pod = self.pod(job, ns, index)
             started = pod["status"].get("startTime") or now_iso()

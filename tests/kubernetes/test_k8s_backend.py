@@ -8,10 +8,10 @@ import time
 
 import pytest
 import yaml
-from k8s_fake_api import FakeKube, Request
-from k8s_support import JOB_ID, NS, TOKEN, make_request, make_spec
 
 from api.core.config import Settings
+from tests.kubernetes.k8s_fake_api import FakeKube, Request
+from tests.kubernetes.k8s_support import JOB_ID, NS, TOKEN, make_request, make_spec
 from workers.backends import kubernetes_manifests as m
 from workers.backends.base import AttemptPhase, FaultNotSupported, FaultRequest
 from workers.backends.kubernetes import KubernetesBackend, KubernetesBackendError, RetryPolicy
@@ -182,9 +182,7 @@ def test_node_loss_then_job_restart_excludes_the_node(fake, backend):
     terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    assert terms == [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [lost]}]}
-    ]
+    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [lost]}]}]
     fake.not_ready.discard(lost)  # even back, the node is not used again
     placed = fake.schedule(A1, NS)
     assert lost not in placed and len(placed) == 2
@@ -455,3 +453,15 @@ def test_no_configuration_is_reported_not_raised_by_status(tmp_path, monkeypatch
         backend.launch(make_request())
     # rendering needs no cluster at all
     assert "kind: Job" in backend.render(make_request())
+
+
+def test_a_lost_node_is_the_cause_even_when_a_rank_elsewhere_failed_first(fake, backend):
+    running_attempt(fake, backend)
+    sick = fake.pod(A0, NS, 1)
+    fake.event(sick, "NodeNotReady", "Node is not ready", "Warning")  # the node controller's notice
+    fake.exit(A0, NS, 0, 1)  # rank 0's node sees its peers vanish and fails; the Job deletes pod 1
+    status = backend.status(JOB_ID, 0, SPEC)
+    assert status.phase == AttemptPhase.failed
+    assert status.failed_nodes == (sick["spec"]["nodeName"],)
+    assert status.cause.startswith(f"node {sick['spec']['nodeName']} lost (NodeNotReady)")
+    assert sorted(e.type for e in status.events if e.type.endswith("_failed")) == ["node_failed", "rank_failed"]

@@ -12,10 +12,10 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from k8s_fake_api import FakeKube
-from k8s_support import JOB_ID, make_request, validate_strict
 
 from api.schemas.spec import JobSpec
+from tests.kubernetes.k8s_fake_api import FakeKube
+from tests.kubernetes.k8s_support import JOB_ID, make_request, validate_strict
 from workers.backends import kubernetes_manifests as m
 from workers.backends.base import FaultRequest
 from workers.backends.kubernetes import KubernetesBackend
@@ -200,9 +200,7 @@ def test_role_is_bound_to_the_workers_service_account_in_the_job_namespace():
         "kind": "Role",
         "name": "ftplane-jobs",
     }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "ftplane-worker", "namespace": "ftplane"}
-    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ftplane-worker", "namespace": "ftplane"}]
     for doc in docs:
         validate_strict(doc)
 
@@ -217,9 +215,7 @@ NODE_GROUP = {
     "properties": {
         "name": {"type": "string", "pattern": "^[a-zA-Z][-a-zA-Z0-9]*$"},
         "instanceType": {"type": "string"},
-        "amiFamily": {
-            "enum": ["AmazonLinux2023", "AmazonLinux2", "Bottlerocket", "Ubuntu2204", "Ubuntu2404"]
-        },
+        "amiFamily": {"enum": ["AmazonLinux2023", "AmazonLinux2", "Bottlerocket", "Ubuntu2204", "Ubuntu2404"]},
         "availabilityZones": {"type": "array", "items": {"type": "string"}},
         "minSize": {"type": "integer", "minimum": 0},
         "maxSize": {"type": "integer", "minimum": 1},

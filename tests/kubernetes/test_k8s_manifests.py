@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_support import JOB_ID, TOKEN, make_request, make_spec, validate_strict
 
+from tests.kubernetes.k8s_support import JOB_ID, TOKEN, make_request, make_spec, validate_strict
 from workers.backends import kubernetes_manifests as m
 from workers.backends.base import launcher_arguments
 from workers.backends.kubernetes import SIGNAL_RANK_SCRIPT, KubernetesBackend
@@ -76,9 +76,7 @@ def test_job_manifest_shape():
     )
     pod = js["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and pod["subdomain"] == name
-    assert container(job)["command"] == launcher_arguments(
-        spec, nnodes=2, rdzv_endpoint=f"{host}:29500", rdzv_id=name
-    )
+    assert container(job)["command"] == launcher_arguments(spec, nnodes=2, rdzv_endpoint=f"{host}:29500", rdzv_id=name)
     env = env_of(job)
     assert env["FTPLANE_MASTER_ADDR"]["value"] == host
     assert env["FTPLANE_TOKEN"] == {

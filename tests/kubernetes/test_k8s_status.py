@@ -1,0 +1,119 @@
+"""How one reading of an attempt (Job, pods, Events as dicts) maps to an AttemptStatus, without a server."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tests.kubernetes.k8s_support import make_spec
+from workers.backends.base import AttemptPhase
+from workers.backends.kubernetes import AttemptView
+
+SPEC = make_spec(nodes=2)
+NAME = "llama-8b-fsdp-f2c48fa0c3-a0"
+
+
+def job(**status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": NAME, "uid": "job-uid", "annotations": {}}, "status": status}
+
+
+def pod(index: int, phase: str, node: str | None = "ip-10-0-1-1", **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"{NAME}-{index}-abcde",
+            "uid": f"pod-{index}",
+            "labels": {"batch.kubernetes.io/job-completion-index": str(index)},
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase, **status},
+    }
+
+
+def view(j: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> AttemptView:
+    return AttemptView(j, pods, events or [], spec=SPEC, now=time.time())
+
+
+def test_unknown_phase_blames_the_node():
+    status = view(job(), [pod(0, "Running"), pod(1, "Unknown", node="ip-10-0-9-9")]).status()
+    assert status.phase == AttemptPhase.failed
+    assert status.failed_nodes == ("ip-10-0-9-9",)
+    assert "stopped responding" in status.cause
+
+
+def test_deadline_exceeded_without_pods_left():
+    failed = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer"}
+    status = view(job(conditions=[failed]), []).status()
+    assert status.phase == AttemptPhase.failed
+    assert status.cause == "deadline exceeded: Job was active longer"
+
+
+def test_quota_refusal_is_a_pending_cause():
+    event = {
+        "involvedObject": {"kind": "Job", "name": NAME},
+        "reason": "FailedCreate",
+        "message": 'pods "x" is forbidden: exceeded quota: gpu-quota',
+        "lastTimestamp": "2026-01-01T00:00:01Z",
+    }
+    v = view(job(), [], [event])
+    assert v.needs_events()
+    status = v.status()
+    assert status.phase == AttemptPhase.pending
+    assert status.cause == 'pods cannot be created: pods "x" is forbidden: exceeded quota: gpu-quota'
+
+
+def test_node_shutdown_is_node_level_and_preemption_is_not():
+    shutdown = pod(
+        1,
+        "Failed",
+        node="ip-10-0-2-2",
+        reason="Terminated",
+        message="Pod was terminated in response to imminent node shutdown.",
+    )
+    status = view(job(), [pod(0, "Running"), shutdown]).status()
+    assert status.failed_nodes == ("ip-10-0-2-2",)
+    preempted = pod(
+        1,
+        "Failed",
+        conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+        containerStatuses=[{"name": "trainer", "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}],
+    )
+    status = view(job(), [pod(0, "Running"), preempted]).status()
+    assert status.failed_nodes == ()
+    assert status.cause == "exit code 143 on node ip-10-0-1-1 (preempted by a higher-priority pod)"
+
+
+def test_vanished_pod_node_comes_from_its_scheduled_event():
+    events = [
+        {
+            "involvedObject": {"kind": "Pod", "name": f"{NAME}-1-zzzzz", "uid": "gone"},
+            "reason": "Scheduled",
+            "message": f"Successfully assigned training/{NAME}-1-zzzzz to ip-10-0-7-7",
+            "lastTimestamp": "2026-01-01T00:00:01Z",
+        },
+        {
+            "involvedObject": {"kind": "Pod", "name": f"{NAME}-1-zzzzz", "uid": "gone"},
+            "reason": "TaintManagerEviction",
+            "message": f"Marking for deletion Pod training/{NAME}-1-zzzzz",
+            "lastTimestamp": "2026-01-01T00:05:01Z",
+        },
+        # a pod of another attempt whose name shares the prefix must not count
+        {
+            "involvedObject": {"kind": "Pod", "name": f"{NAME}0-1-yyyyy", "uid": "other"},
+            "reason": "NodeNotReady",
+            "lastTimestamp": "2026-01-01T00:05:01Z",
+        },
+    ]
+    status = view(job(failed=1), [pod(0, "Running")], events).status()
+    assert status.phase == AttemptPhase.failed
+    assert status.failed_nodes == ("ip-10-0-7-7",)
+    (event,) = [e for e in status.events if e.type == "node_failed"]
+    assert event.key == "k8s:gone:node_failed" and event.details["node_rank"] == 1
+
+
+def test_all_succeeded_before_the_job_says_complete():
+    done = {"name": "trainer", "state": {"terminated": {"exitCode": 0, "startedAt": "2026-01-01T00:00:05Z"}}}
+    pods = [pod(i, "Succeeded", containerStatuses=[done]) for i in (0, 1)]
+    status = view(job(), pods).status()
+    assert status.phase == AttemptPhase.succeeded
+    assert [e.type for e in status.events] == ["scheduled", "running"]
