@@ -365,11 +365,11 @@ def test_transient_errors_are_retried(fake, backend):
 
 def test_timeouts_are_retried_and_a_create_that_landed_is_not_an_error(fake):
     backend = KubernetesBackend(
-        fake.api_client(), request_timeout=(1.0, 0.25), retry=RetryPolicy(attempts=3, base_wait_s=0.01)
+        fake.api_client(), request_timeout=(2.0, 0.5), retry=RetryPolicy(attempts=3, base_wait_s=0.01)
     )
     # the first POST of the Job is processed but answered too late: the retry meets 409 = already there
-    fake.delay("POST", r"/jobs$", 0.4, after=True)
-    fake.delay("GET", r"/pods$", 0.4)
+    fake.delay("POST", r"/jobs$", 0.8, after=True)
+    fake.delay("GET", r"/pods$", 0.8)
     backend.launch(make_request())
     assert [r.status for r in fake.requests if r.method == "POST" and r.path.endswith("/jobs")] == [201, 409]
     assert len(fake.pods(A0, NS)) == 2
