@@ -169,7 +169,9 @@ class FakeKube:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        serve = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02})
+        serve.daemon = True
+        serve.start()
         return self
 
     def stop(self) -> None:
@@ -228,7 +230,7 @@ class FakeKube:
             out = [
                 copy.deepcopy(o)
                 for (p, n, _), o in sorted(self.objects.items())
-                if p == plural and (ns is None or n == ns) and match_labels(selector, o["metadata"].get("labels") or {})
+                if p == plural and ns in (None, n) and match_labels(selector, _labels(o))
             ]
         return out
 
@@ -269,7 +271,8 @@ class FakeKube:
                 meta[key] = old["metadata"][key]
             meta["resourceVersion"] = str(next(self.rv))
             if plural == "secrets" and "stringData" in obj:
-                obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
+                plain = obj.pop("stringData")
+                obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in plain.items()}
             self.objects[(plural, ns, name)] = obj
             return copy.deepcopy(obj)
 
@@ -283,7 +286,15 @@ class FakeKube:
             self.objects[(plural, ns, name)] = obj
             return copy.deepcopy(obj)
 
-    def delete(self, plural: str, ns: str, name: str, policy: str | None = None, *, by_user: bool = True) -> dict:
+    def delete(
+        self,
+        plural: str,
+        ns: str,
+        name: str,
+        policy: str | None = None,
+        *,
+        by_user: bool = True,
+    ) -> dict[str, Any]:
         with self.lock:
             obj = self.objects.pop((plural, ns, name), None)
             if obj is None:
@@ -355,7 +366,7 @@ class FakeKube:
             (
                 o
                 for (p, _, _), o in self.objects.items()
-                if p == "pods" and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+                if p == "pods" and uid in {r.get("uid") for r in o["metadata"].get("ownerReferences") or []}
             ),
             key=lambda o: int(o["metadata"]["labels"][INDEX_LABEL]),
         )
@@ -475,11 +486,13 @@ class FakeKube:
                 if pod["spec"].get("nodeName"):
                     continue
                 excluded = _excluded_nodes(pod)
-                free = [n for n in self.nodes if n not in used and n not in excluded and n not in self.not_ready]
+                busy = used | excluded | self.not_ready
+                free = [n for n in self.nodes if n not in busy]
                 ts = now_iso()
                 if not free:
-                    message = f"0/{len(self.nodes)} nodes are available: {len(excluded)} node(s) didn't match "
-                    message += "Pod's node affinity/selector, the others are busy."
+                    message = f"0/{len(self.nodes)} nodes are available: "
+                    message += f"{len(excluded)} node(s) didn't match Pod's node affinity/selector, "
+                    message += "the others are busy."
                     pod["status"]["conditions"] = [
                         {
                             "type": "PodScheduled",
@@ -495,7 +508,8 @@ class FakeKube:
                 used.add(node)
                 placed.append(node)
                 pod["spec"]["nodeName"] = node
-                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": ts}]
+                bound = {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts}
+                pod["status"]["conditions"] = [bound]
                 ns_name = f"{ns}/{pod['metadata']['name']}"
                 self.event(pod, "Scheduled", f"Successfully assigned {ns_name} to {node}")
             return placed
@@ -521,12 +535,21 @@ class FakeKube:
                     startTime=ts,
                     containerStatuses=[_container("trainer", pod, {"running": {"startedAt": ts}})],
                 )
-                pod["status"]["conditions"].append({"type": "Ready", "status": "True", "lastTransitionTime": ts})
+                ready = {"type": "Ready", "status": "True", "lastTransitionTime": ts}
+                pod["status"]["conditions"].append(ready)
                 ranks = rank_layout(index, ppn) if rank_layout else [index * ppn + i for i in range(ppn)]
                 self.processes[pod["metadata"]["name"]] = {100 + i: r for i, r in enumerate(ranks)}
             self._sync(job_obj)
 
-    def exit(self, job: str, ns: str, index: int, code: int, reason: str = "Error", message: str = "") -> None:
+    def exit(
+        self,
+        job: str,
+        ns: str,
+        index: int,
+        code: int,
+        reason: str = "Error",
+        message: str = "",
+    ) -> None:
         with self.lock:
             pod = self.pod(job, ns, index)
             started = pod["status"].get("startTime") or now_iso()
@@ -617,6 +640,10 @@ class ApiError(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return obj["metadata"].get("labels") or {}
 
 
 def _suffix() -> str:

@@ -182,7 +182,8 @@ def test_node_loss_then_job_restart_excludes_the_node(fake, backend):
     terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [lost]}]}]
+    not_in = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [lost]}
+    assert terms == [{"matchExpressions": [not_in]}]
     fake.not_ready.discard(lost)  # even back, the node is not used again
     placed = fake.schedule(A1, NS)
     assert lost not in placed and len(placed) == 2
@@ -464,4 +465,7 @@ def test_a_lost_node_is_the_cause_even_when_a_rank_elsewhere_failed_first(fake, 
     assert status.phase == AttemptPhase.failed
     assert status.failed_nodes == (sick["spec"]["nodeName"],)
     assert status.cause.startswith(f"node {sick['spec']['nodeName']} lost (NodeNotReady)")
-    assert sorted(e.type for e in status.events if e.type.endswith("_failed")) == ["node_failed", "rank_failed"]
+    assert sorted(e.type for e in status.events if e.type.endswith("_failed")) == [
+        "node_failed",
+        "rank_failed",
+    ]

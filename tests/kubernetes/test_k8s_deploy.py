@@ -200,7 +200,8 @@ def test_role_is_bound_to_the_workers_service_account_in_the_job_namespace():
         "kind": "Role",
         "name": "ftplane-jobs",
     }
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ftplane-worker", "namespace": "ftplane"}]
+    worker = {"kind": "ServiceAccount", "name": "ftplane-worker", "namespace": "ftplane"}
+    assert binding["subjects"] == [worker]
     for doc in docs:
         validate_strict(doc)
 
@@ -215,7 +216,7 @@ NODE_GROUP = {
     "properties": {
         "name": {"type": "string", "pattern": "^[a-zA-Z][-a-zA-Z0-9]*$"},
         "instanceType": {"type": "string"},
-        "amiFamily": {"enum": ["AmazonLinux2023", "AmazonLinux2", "Bottlerocket", "Ubuntu2204", "Ubuntu2404"]},
+        "amiFamily": {"enum": ["AmazonLinux2023", "AmazonLinux2", "Bottlerocket", "Ubuntu2404"]},
         "availabilityZones": {"type": "array", "items": {"type": "string"}},
         "minSize": {"type": "integer", "minimum": 0},
         "maxSize": {"type": "integer", "minimum": 1},

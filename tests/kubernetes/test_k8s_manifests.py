@@ -76,7 +76,8 @@ def test_job_manifest_shape():
     )
     pod = js["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and pod["subdomain"] == name
-    assert container(job)["command"] == launcher_arguments(spec, nnodes=2, rdzv_endpoint=f"{host}:29500", rdzv_id=name)
+    expected = launcher_arguments(spec, nnodes=2, rdzv_endpoint=f"{host}:29500", rdzv_id=name)
+    assert container(job)["command"] == expected
     env = env_of(job)
     assert env["FTPLANE_MASTER_ADDR"]["value"] == host
     assert env["FTPLANE_TOKEN"] == {

@@ -30,7 +30,7 @@ def pod(index: int, phase: str, node: str | None = "ip-10-0-1-1", **status: Any)
     }
 
 
-def view(j: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> AttemptView:
+def view(j: dict[str, Any], pods: list[dict[str, Any]], events: list[Any] | None = None) -> AttemptView:
     return AttemptView(j, pods, events or [], spec=SPEC, now=time.time())
 
 
@@ -42,7 +42,12 @@ def test_unknown_phase_blames_the_node():
 
 
 def test_deadline_exceeded_without_pods_left():
-    failed = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer"}
+    failed = {
+        "type": "Failed",
+        "status": "True",
+        "reason": "DeadlineExceeded",
+        "message": "Job was active longer",
+    }
     status = view(job(conditions=[failed]), []).status()
     assert status.phase == AttemptPhase.failed
     assert status.cause == "deadline exceeded: Job was active longer"
@@ -76,7 +81,7 @@ def test_node_shutdown_is_node_level_and_preemption_is_not():
         1,
         "Failed",
         conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
-        containerStatuses=[{"name": "trainer", "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}],
+        containerStatuses=[{"name": "trainer", "state": {"terminated": {"exitCode": 143}}}],
     )
     status = view(job(), [pod(0, "Running"), preempted]).status()
     assert status.failed_nodes == ()

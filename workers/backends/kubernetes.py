@@ -202,7 +202,8 @@ class KubernetesBackend:
                     client_configuration=configuration,
                 )
         except (k8s_config.ConfigException, OSError) as exc:
-            where = "in-cluster service account" if in_cluster else f"kubeconfig context {settings.kube_context!r}"
+            context = settings.kube_context
+            where = "in-cluster service account" if in_cluster else f"kubeconfig context {context!r}"
             raise KubernetesBackendError(
                 f"cannot load the Kubernetes configuration ({where}): {exc}. Run the worker in the cluster "
                 "with its ServiceAccount, or set FTPLANE_KUBE_CONTEXT to a context of your kubeconfig.",
@@ -290,6 +291,10 @@ class KubernetesBackend:
 
     # ---------------------------------------------------------------- protocol
 
+    def _job_manifest(self, request: LaunchRequest) -> dict[str, Any]:
+        ttl = self.ttl_after_finished_s
+        return m.job_manifest(request, cluster_domain=self.cluster_domain, ttl_after_finished_s=ttl)
+
     def render(self, request: LaunchRequest) -> str:
         """The attempt's manifests as multi-document YAML; the token Secret is named, never shown."""
         spec = request.spec
@@ -299,7 +304,7 @@ class KubernetesBackend:
             "# ftplane creates it at launch. The Service gets an ownerReference to the Job at launch.\n"
         )
         docs = [
-            m.job_manifest(request, cluster_domain=self.cluster_domain, ttl_after_finished_s=self.ttl_after_finished_s),
+            self._job_manifest(request),
             m.service_manifest(request),
         ]
         return header + yaml.dump_all(docs, Dumper=_NoAliasDumper, sort_keys=False, explicit_start=True)
@@ -316,9 +321,7 @@ class KubernetesBackend:
             except Exception as exc:
                 raise self._error("replace secret", exc) from exc
 
-        job = m.job_manifest(
-            request, cluster_domain=self.cluster_domain, ttl_after_finished_s=self.ttl_after_finished_s
-        )
+        job = self._job_manifest(request)
         name = job["metadata"]["name"]
         self._create("job", self._batch.create_namespaced_job, ns, job)
         try:
@@ -354,7 +357,8 @@ class KubernetesBackend:
                 ns,
                 label_selector=m.attempt_selector(job_id, attempt),
             ).get("items", [])
-            view = AttemptView(job, pods, [], spec=spec, now=self._clock(), image_pull_grace_s=self.image_pull_grace_s)
+            grace = self.image_pull_grace_s
+            view = AttemptView(job, pods, [], spec=spec, now=self._clock(), image_pull_grace_s=grace)
             if view.needs_events():
                 events = self._read("list events", self._core.list_namespaced_event, ns).get("items", [])
                 view = AttemptView(
@@ -399,7 +403,8 @@ class KubernetesBackend:
         selector = m.job_selector(job_id)
         try:
             jobs = self._read("list jobs", self._batch.list_namespaced_job, ns, label_selector=selector)
-            services = self._read("list services", self._core.list_namespaced_service, ns, label_selector=selector)
+            core = self._core
+            services = self._read("list services", core.list_namespaced_service, ns, label_selector=selector)
         except Exception as exc:
             raise self._error("list job resources", exc) from exc
         for item in jobs.get("items", []):
@@ -451,7 +456,8 @@ class KubernetesBackend:
             self._call("annotate job", self._batch.patch_namespaced_job, job_name, spec.namespace, patch)
         except Exception as exc:
             raise self._error("annotate job", exc) from exc
-        self._delete("pod", self._core.delete_namespaced_pod, pod_name, spec.namespace, grace_period_seconds=0)
+        ns = spec.namespace
+        self._delete("pod", self._core.delete_namespaced_pod, pod_name, ns, grace_period_seconds=0)
         log.info("injected node_loss: deleted pod %s on node %s (rank %d)", pod_name, node or "?", rank)
 
     def _signal_rank(self, job_id: str, attempt: int, spec: JobSpec, rank: int, signal: str) -> None:
@@ -461,7 +467,7 @@ class KubernetesBackend:
         placed ranks otherwise, the other pods are asked after it.
         """
         preferred = m.pod_index_for_rank(spec, rank)
-        pods = [p for p in self._attempt_pods(job_id, attempt, spec) if p.get("status", {}).get("phase") == "Running"]
+        pods = [p for p in self._attempt_pods(job_id, attempt, spec) if _phase(p) == "Running"]
         pods.sort(key=lambda p: _completion_index(p) != preferred)
         if not pods:
             raise KubernetesBackendError(f"no running pod to signal rank {rank} in", retryable=True)
@@ -574,8 +580,10 @@ class Failure:
         if self.at:
             details["ts"] = _iso(self.at)
         if self.node_level:
-            return ObservedEvent(key=f"k8s:{self.uid}:node_failed", type="node_failed", node=self.node, details=details)
-        return ObservedEvent(key=f"k8s:{self.uid}:{self.reason}", type="rank_failed", node=self.node, details=details)
+            key, kind = f"k8s:{self.uid}:node_failed", "node_failed"
+        else:
+            key, kind = f"k8s:{self.uid}:{self.reason}", "rank_failed"
+        return ObservedEvent(key=key, type=kind, node=self.node, details=details)
 
 
 class AttemptView:
@@ -619,7 +627,7 @@ class AttemptView:
             return False
         live = [p for p in self.pods if not p["metadata"].get("deletionTimestamp")]
         healthy = {"Running", "Succeeded"}
-        return len(live) < self.spec.nodes or any(p.get("status", {}).get("phase") not in healthy for p in live)
+        return len(live) < self.spec.nodes or any(_phase(p) not in healthy for p in live)
 
     # --- facts about pods
 
@@ -641,7 +649,8 @@ class AttemptView:
 
     def _node_loss_event(self, pod_name: str) -> dict[str, Any] | None:
         """The most telling Event of a node going away (NodeNotReady says more than the eviction after it)."""
-        found = [ev for ev in self.pod_events.get(pod_name, []) if ev.get("reason") in NODE_LOSS_EVENT_REASONS]
+        events = self.pod_events.get(pod_name, [])
+        found = [ev for ev in events if ev.get("reason") in NODE_LOSS_EVENT_REASONS]
         return min(found, key=lambda ev: NODE_LOSS_EVENT_REASONS.index(ev["reason"]), default=None)
 
     def _pod_failure(self, pod: dict[str, Any]) -> Failure | None:
@@ -676,8 +685,10 @@ class AttemptView:
                 cause = f"exit code {code}{shown}{on_node}"
                 if disruption_reason == "PreemptionByScheduler":
                     cause += " (preempted by a higher-priority pod)"
-                return Failure(name, uid, index, node, treason or "Error", cause, False, exit_code=code, at=at)
-            cause = f"pod {name} failed{on_node}" + (f": {reason} {message}".rstrip() if reason or message else "")
+                why = treason or "Error"
+                return Failure(name, uid, index, node, why, cause, False, exit_code=code, at=at)
+            said = f": {reason} {message}".rstrip() if reason or message else ""
+            cause = f"pod {name} failed{on_node}{said}"
             return Failure(name, uid, index, node, reason or "Failed", cause, False, at=at)
         if phase == "Unknown":
             cause = f"node {node or '?'} stopped responding (pod {name} is in phase Unknown)"
@@ -705,7 +716,8 @@ class AttemptView:
             index = int(found.group(1))
             node = self._node_of(name)
             events = self.pod_events.get(name, [])
-            uid = next((ev["involvedObject"].get("uid") for ev in events if ev["involvedObject"].get("uid")), name)
+            uids = [ev["involvedObject"]["uid"] for ev in events if ev["involvedObject"].get("uid")]
+            uid = uids[0] if uids else name
             at = _event_time(events[-1]) if events else None
             if name in self.injected:
                 cause = f"node {node or '?'} lost: pod {name} deleted by an injected node_loss fault"
@@ -713,7 +725,8 @@ class AttemptView:
                 continue
             loss = self._node_loss_event(name)
             if loss:
-                cause = f"node {node or '?'} lost ({loss.get('reason')}): {loss.get('message') or 'pod deleted'}"
+                said = loss.get("message") or "pod deleted"
+                cause = f"node {node or '?'} lost ({loss.get('reason')}): {said}"
                 out.append(Failure(name, uid, index, node, "NodeLost", cause, True, at=_event_time(loss)))
             else:
                 cause = f"pod {name}{' on node ' + node if node else ''} was deleted before it finished"
@@ -735,7 +748,8 @@ class AttemptView:
         scheduled = [p for p in by_index.values() if p.get("spec", {}).get("nodeName")]
         if len(scheduled) >= n:
             nodes = sorted({p["spec"]["nodeName"] for p in scheduled})
-            times = [_parse_ts(c.get("lastTransitionTime")) for p in scheduled for c in _conds(p, "PodScheduled")]
+            conds = [c for p in scheduled for c in _conds(p, "PodScheduled")]
+            times = [_parse_ts(c.get("lastTransitionTime")) for c in conds]
             events.append(
                 ObservedEvent(
                     key=f"k8s:{self.uid}:scheduled",
@@ -755,7 +769,7 @@ class AttemptView:
             )
 
         if _condition(self.job, "Complete") or (
-            len(by_index) >= n and all(p.get("status", {}).get("phase") == "Succeeded" for p in by_index.values())
+            len(by_index) >= n and all(_phase(p) == "Succeeded" for p in by_index.values())
         ):
             return AttemptStatus(phase=AttemptPhase.succeeded, events=events)
 
@@ -775,10 +789,11 @@ class AttemptView:
                 phase=AttemptPhase.failed if failed else AttemptPhase.pending, cause=cause, events=events
             )
 
-        running = [p for p in by_index.values() if p.get("status", {}).get("phase") in ("Running", "Succeeded")]
+        running = [p for p in by_index.values() if _phase(p) in ("Running", "Succeeded")]
         if len(running) >= n:
             return AttemptStatus(phase=AttemptPhase.running, events=events)
-        return AttemptStatus(phase=AttemptPhase.pending, cause=self._pending_cause(len(running)), events=events)
+        cause = self._pending_cause(len(running))
+        return AttemptStatus(phase=AttemptPhase.pending, cause=cause, events=events)
 
     def _failed(
         self, failures: list[Failure], failing: dict[str, Any] | None, events: list[ObservedEvent]
@@ -795,7 +810,8 @@ class AttemptView:
         else:
             reason = (failing or {}).get("reason") or "Failed"
             message = (failing or {}).get("message") or "the Job failed"
-            cause = f"{message} ({reason})" if reason != "DeadlineExceeded" else f"deadline exceeded: {message}"
+            deadline = reason == "DeadlineExceeded"
+            cause = f"deadline exceeded: {message}" if deadline else f"{message} ({reason})"
             reported = []
         events += [f.event() for f in reported]
         failed_nodes = tuple(sorted({f.node for f in failures if f.node_level and f.node}))
@@ -814,9 +830,11 @@ class AttemptView:
                 return True, f"image {image} cannot be used ({reason}): {message}".rstrip(": ")
             if reason in STUCK_WAITING_REASONS:
                 bound = [_parse_ts(c.get("lastTransitionTime")) for c in _conds(pod, "PodScheduled")]
-                since = next((t for t in bound if t), None) or _parse_ts(pod["metadata"].get("creationTimestamp"))
+                created = _parse_ts(pod["metadata"].get("creationTimestamp"))
+                since = next((t for t in bound if t), None) or created
                 waited = (self.now - (since or self.now)).total_seconds()
-                what = f"image {image} cannot be pulled" if "Image" in reason else "the container cannot be created"
+                pulling = "Image" in reason
+                what = f"image {image} cannot be pulled" if pulling else "the container cannot be created"
                 detail = f"{what} ({reason}): {message}".rstrip(": ")
                 if waited >= self.image_pull_grace_s:
                     return True, f"{detail}; still failing after {waited:.0f} s"
@@ -842,10 +860,14 @@ class AttemptView:
         return f"containers starting ({running}/{n} pods running)"
 
 
+def _phase(pod: dict[str, Any]) -> str | None:
+    phase = pod.get("status", {}).get("phase")
+    return str(phase) if phase else None
+
+
 def _conds(pod: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [
-        c for c in pod.get("status", {}).get("conditions") or [] if c.get("type") == kind and c.get("status") == "True"
-    ]
+    conditions = pod.get("status", {}).get("conditions") or []
+    return [c for c in conditions if c.get("type") == kind and c.get("status") == "True"]
 
 
 def _started_at(pod: dict[str, Any]) -> datetime | None:

@@ -34,6 +34,7 @@ CONTAINER_NAME = "trainer"
 RDZV_PORT = 29500
 TOKEN_KEY = "token"
 GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
@@ -96,7 +97,10 @@ def attempt_selector(job_id: str, attempt: int) -> str:
 
 
 def rendezvous_host(
-    job_id: str, spec: JobSpec, attempt: int, cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
+    job_id: str,
+    spec: JobSpec,
+    attempt: int,
+    cluster_domain: str = DEFAULT_CLUSTER_DOMAIN,
 ) -> str:
     """DNS name of the pod of completion index 0, which hosts the c10d rendezvous store.
 
@@ -183,11 +187,7 @@ def _affinity(request: LaunchRequest) -> dict[str, Any] | None:
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": excluded}
-                        ]
-                    }
+                    {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": excluded}]}
                 ]
             }
         }
@@ -215,9 +215,8 @@ def job_manifest(
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": shm}]
     if spec.checkpoint.pvc and spec.checkpoint.dir:
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.dir})
-        volumes.append(
-            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc}}
-        )
+        claim = {"claimName": spec.checkpoint.pvc}
+        volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": claim})
 
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
