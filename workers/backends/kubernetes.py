@@ -361,14 +361,7 @@ class KubernetesBackend:
             view = AttemptView(job, pods, [], spec=spec, now=self._clock(), image_pull_grace_s=grace)
             if view.needs_events():
                 events = self._read("list events", self._core.list_namespaced_event, ns).get("items", [])
-                view = AttemptView(
-                    job,
-                    pods,
-                    events,
-                    spec=spec,
-                    now=self._clock(),
-                    image_pull_grace_s=self.image_pull_grace_s,
-                )
+                view = AttemptView(job, pods, events, spec=spec, now=self._clock(), image_pull_grace_s=grace)
         except Exception as exc:
             return self._unknown(exc)
         return view.status()
