@@ -43,9 +43,7 @@ class Output(StrEnum):
 
 
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
-SpecOpt = Annotated[
-    Path, typer.Option("--file", "-f", help="Job spec (YAML or JSON).", exists=True, dir_okay=False)
-]
+SpecOpt = Annotated[Path, typer.Option("--file", "-f", help="Job spec (YAML or JSON).", exists=True, dir_okay=False)]
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -244,9 +242,7 @@ def describe_job(job_id: str, output: OutputOpt = Output.table) -> None:
         return
     console.print(f"[bold]{job['name']}[/bold]  {job['id']}")
     console.print(f"status: {job['status']}  {job.get('status_reason') or ''}")
-    console.print(
-        f"attempt: {job['attempt']}  job restarts: {job['job_restarts']}  backend: {job['backend']}"
-    )
+    console.print(f"attempt: {job['attempt']}  job restarts: {job['job_restarts']}  backend: {job['backend']}")
     if job["excluded_nodes"]:
         console.print(f"excluded nodes: {', '.join(job['excluded_nodes'])}")
     console.print("spec:")
@@ -263,9 +259,7 @@ def events(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new events until the job ends.")
     ] = False,
-    type_: Annotated[
-        list[str] | None, typer.Option("--type", help="Filter by event type (repeatable).")
-    ] = None,
+    type_: Annotated[list[str] | None, typer.Option("--type", help="Filter by event type (repeatable).")] = None,
 ) -> None:
     """A job's fault history."""
     api = client()
@@ -293,9 +287,7 @@ def cancel(job_id: str, output: OutputOpt = Output.table) -> None:
     if output == Output.json:
         print_json(job)
     else:
-        console.print(
-            f"job {job_id}: {job['status']}{' (cancel requested)' if job['cancel_requested'] else ''}"
-        )
+        console.print(f"job {job_id}: {job['status']}{' (cancel requested)' if job['cancel_requested'] else ''}")
 
 
 @app.command()
@@ -303,9 +295,7 @@ def inject(
     job_id: str,
     kind: Annotated[str, typer.Option(help="exception | crash | hang | node_loss")],
     rank: Annotated[int, typer.Option(help="Global rank to hit.")],
-    at_step: Annotated[
-        int | None, typer.Option(help="Inject when this step is reached (default: now).")
-    ] = None,
+    at_step: Annotated[int | None, typer.Option(help="Inject when this step is reached (default: now).")] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """Inject a fault into a running job."""

@@ -40,9 +40,7 @@ class Client:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         token = token if token is not None else default_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(
-            base_url=(url or default_url()).rstrip("/"), headers=headers, timeout=timeout
-        )
+        self.http = httpx.Client(base_url=(url or default_url()).rstrip("/"), headers=headers, timeout=timeout)
 
     def close(self) -> None:
         self.http.close()

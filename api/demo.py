@@ -44,9 +44,7 @@ def free_port(preferred: int = 8000) -> int:
 
 def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = dict(
-        os.environ, FTPLANE_PORT=str(port), FTPLANE_SUPERVISE_INTERVAL_S="1", FTPLANE_DATA_DIR=str(data_dir)
-    )
+    env = dict(os.environ, FTPLANE_PORT=str(port), FTPLANE_SUPERVISE_INTERVAL_S="1", FTPLANE_DATA_DIR=str(data_dir))
     data_dir.mkdir(parents=True, exist_ok=True)
     log = (data_dir / "demo-serve.log").open("wb")
     server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve"], env=env, stdout=log, stderr=log)
@@ -157,9 +155,7 @@ def main() -> None:
         events = demo.events()
         history = Table("time", "attempt", "event", "rank", "step", "cause / details")
         for e in events:
-            detail = e["details"].get("cause") or ", ".join(
-                f"{k}={v}" for k, v in list(e["details"].items())[:3]
-            )
+            detail = e["details"].get("cause") or ", ".join(f"{k}={v}" for k, v in list(e["details"].items())[:3])
             history.add_row(
                 e["ts"][11:23],
                 str(e["attempt"]),
@@ -172,9 +168,7 @@ def main() -> None:
         console.print(history)
         console.rule("recovery per fault (fault injected → training running again)")
         console.print(recovery_table(events))
-        console.print(
-            f"[green]job {job['id']} SUCCEEDED[/green]. The server log is {data_dir / 'demo-serve.log'}."
-        )
+        console.print(f"[green]job {job['id']} SUCCEEDED[/green]. The server log is {data_dir / 'demo-serve.log'}.")
     except ApiFailure as exc:
         raise SystemExit(f"API error: {exc}") from exc
     finally:

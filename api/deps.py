@@ -62,9 +62,7 @@ PrincipalDep = Annotated[Principal, Depends(current_principal)]
 
 def require_admin(principal: PrincipalDep) -> Principal:
     if not principal.is_admin:
-        raise ApiError(
-            403, "this endpoint needs an admin token; trainer tokens may only report for their job"
-        )
+        raise ApiError(403, "this endpoint needs an admin token; trainer tokens may only report for their job")
     return principal
 
 

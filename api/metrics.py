@@ -165,9 +165,7 @@ class DatabaseCollector(Collector):
                 for status in sorted(set(JOB_STATUSES) | set(by_status)):
                     jobs.add_metric([status], by_status.get(status, 0))
                 deliveries = dict(
-                    session.execute(
-                        select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status)
-                    ).all()
+                    session.execute(select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status)).all()
                 )
                 for status in sorted(set(OUTBOX_STATUSES) | set(deliveries)):
                     outbox.add_metric([status], deliveries.get(status, 0))

@@ -13,15 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FTPLANE_", extra="ignore")
 
-    data_dir: Path = Field(
-        default=Path(".ftplane"), description="Embedded state: SQLite, broker, local job runs."
-    )
-    database_url: str | None = Field(
-        default=None, description="SQLAlchemy URL; default SQLite under data_dir."
-    )
-    redis_url: str | None = Field(
-        default=None, description="Celery broker and results; default: embedded broker."
-    )
+    data_dir: Path = Field(default=Path(".ftplane"), description="Embedded state: SQLite, broker, local job runs.")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite under data_dir.")
+    redis_url: str | None = Field(default=None, description="Celery broker and results; default: embedded broker.")
     queue: str = Field(default="ftplane", description="Celery queue name (several control planes may share Redis).")
     host: str = Field(default="127.0.0.1", description="Address `ftplane serve` listens on.")
     port: int = Field(default=8000, ge=1, le=65535)
@@ -33,12 +27,8 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     supervise_interval_s: float = Field(default=2.0, gt=0)
-    local_runs_dir: Path | None = Field(
-        default=None, description="Local backend run state; default data_dir/runs."
-    )
-    kube_context: str | None = Field(
-        default=None, description="kubeconfig context; in-cluster config when unset."
-    )
+    local_runs_dir: Path | None = Field(default=None, description="Local backend run state; default data_dir/runs.")
+    kube_context: str | None = Field(default=None, description="kubeconfig context; in-cluster config when unset.")
     kube_in_cluster: bool | None = Field(default=None, description="Force in-cluster config (default: auto).")
     webhook_allow_private: bool = Field(
         default=False, description="Allow webhook targets in loopback, private and link-local ranges."

@@ -12,9 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class ApiError(Exception):
-    def __init__(
-        self, status: int, message: str, *, field: str | None = None, headers: dict[str, str] | None = None
-    ):
+    def __init__(self, status: int, message: str, *, field: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -53,9 +51,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         fields = [{"field": exc.field, "message": exc.message}] if exc.field else None
-        return JSONResponse(
-            status_code=exc.status, content=_body(exc.status, exc.message, fields), headers=exc.headers
-        )
+        return JSONResponse(status_code=exc.status, content=_body(exc.status, exc.message, fields), headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -135,9 +135,7 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(200))
     digest: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[str] = mapped_column(String(16))  # admin | trainer
-    job_id: Mapped[str | None] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), default=None, index=True
-    )
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), default=None, index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
 
@@ -178,9 +176,7 @@ class WebhookDelivery(Base):
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)  # the stable webhook-id
-    subscription_id: Mapped[str] = mapped_column(
-        ForeignKey("webhook_subscriptions.id", ondelete="CASCADE"), index=True
-    )
+    subscription_id: Mapped[str] = mapped_column(ForeignKey("webhook_subscriptions.id", ondelete="CASCADE"), index=True)
     event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"))
     job_id: Mapped[str] = mapped_column(String(32), index=True)
     status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | delivered | failed

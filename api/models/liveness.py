@@ -39,30 +39,21 @@ def record_heartbeats(session: Session, job_id: str, attempt: int, beats: Sequen
         stmt = insert_for(session, RankLiveness).values(rows[start : start + chunk])
         stmt = stmt.on_conflict_do_update(
             index_elements=["job_id", "rank"],
-            set_={
-                c: stmt.excluded[c] for c in ("attempt", "node", "step", "last_seen", "throughput", "loss")
-            },
+            set_={c: stmt.excluded[c] for c in ("attempt", "node", "step", "last_seen", "throughput", "loss")},
             where=(RankLiveness.attempt < stmt.excluded.attempt)
-            | (
-                (RankLiveness.attempt == stmt.excluded.attempt)
-                & (RankLiveness.last_seen <= stmt.excluded.last_seen)
-            ),
+            | ((RankLiveness.attempt == stmt.excluded.attempt) & (RankLiveness.last_seen <= stmt.excluded.last_seen)),
         )
         session.execute(stmt)
     return len(beats)
 
 
 def ranks(session: Session, job_id: str) -> list[RankLiveness]:
-    return list(
-        session.scalars(select(RankLiveness).where(RankLiveness.job_id == job_id).order_by(RankLiveness.rank))
-    )
+    return list(session.scalars(select(RankLiveness).where(RankLiveness.job_id == job_id).order_by(RankLiveness.rank)))
 
 
 def max_step(session: Session, job_id: str, attempt: int) -> int | None:
     return session.scalar(
-        select(func.max(RankLiveness.step)).where(
-            RankLiveness.job_id == job_id, RankLiveness.attempt == attempt
-        )
+        select(func.max(RankLiveness.step)).where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt)
     )
 
 
@@ -79,6 +70,4 @@ def stale_ranks(session: Session, job_id: str, attempt: int, older_than: datetim
 
 
 def forget_attempt(session: Session, job_id: str, attempt: int) -> None:
-    session.execute(
-        delete(RankLiveness).where(RankLiveness.job_id == job_id, RankLiveness.attempt <= attempt)
-    )
+    session.execute(delete(RankLiveness).where(RankLiveness.job_id == job_id, RankLiveness.attempt <= attempt))

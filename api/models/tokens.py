@@ -42,9 +42,7 @@ def create_trainer(session: Session, job_id: str, name: str = "trainer") -> tupl
 
 
 def authenticate(session: Session, token: str) -> Principal | None:
-    row = session.scalar(
-        select(ApiToken).where(ApiToken.digest == digest(token), ApiToken.revoked_at.is_(None))
-    )
+    row = session.scalar(select(ApiToken).where(ApiToken.digest == digest(token), ApiToken.revoked_at.is_(None)))
     if row is None:
         return None
     return Principal(token_id=row.id, role=row.role, job_id=row.job_id)
@@ -56,8 +54,6 @@ def list_tokens(session: Session) -> list[ApiToken]:
 
 def revoke(session: Session, token_id: str) -> bool:
     result = session.execute(
-        update(ApiToken)
-        .where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
-        .values(revoked_at=utcnow())
+        update(ApiToken).where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None)).values(revoked_at=utcnow())
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]

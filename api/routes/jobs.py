@@ -94,9 +94,7 @@ def inject_fault(
         lifecycle.JobStatus.RECOVERING,
         lifecycle.JobStatus.SUBMITTED,
     ):
-        raise ApiError(
-            409, f"job is {job.status}; faults can only be injected into a running job", field="job_id"
-        )
+        raise ApiError(409, f"job is {job.status}; faults can only be injected into a running job", field="job_id")
     world = lifecycle.spec_of(job).world_size
     if fault.rank >= world:
         raise ApiError(422, f"rank {fault.rank} is outside the job's {world} ranks", field="rank")

@@ -66,9 +66,7 @@ def list_events(
 
 
 @router.post("/heartbeats", response_model=HeartbeatResult)
-def post_heartbeats(
-    job_id: str, batch: HeartbeatBatch, session: SessionDep, _: ReporterDep
-) -> HeartbeatResult:
+def post_heartbeats(job_id: str, batch: HeartbeatBatch, session: SessionDep, _: ReporterDep) -> HeartbeatResult:
     """Update per-rank liveness. The reply carries faults the trainer is asked to inject."""
     job = load_job(session, job_id)
     if job.status in lifecycle.TERMINAL:
@@ -85,8 +83,6 @@ def list_ranks(job_id: str, session: SessionDep, _: AdminDep) -> list[RankOut]:
     out = []
     for row in liveness.ranks(session, job_id):
         item = RankOut.model_validate(row)
-        item.stale = (
-            row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
-        )
+        item.stale = row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
         out.append(item)
     return out

@@ -55,9 +55,7 @@ class EventIn(BaseModel):
     key: IdempotencyKey = Field(description="Sender-chosen idempotency key, unique per job.")
     type: EventType
     ts: datetime | None = Field(default=None, description="When it happened; defaults to receipt time.")
-    attempt: int | None = Field(
-        default=None, ge=0, le=10_000, description="Defaults to the job's current attempt."
-    )
+    attempt: int | None = Field(default=None, ge=0, le=10_000, description="Defaults to the job's current attempt.")
     rank: int | None = Field(default=None, ge=0, le=1_000_000)
     node: str | None = Field(default=None, max_length=253)
     step: int | None = Field(default=None, ge=0, le=10**12)

@@ -85,9 +85,7 @@ class JobSpec(StrictModel):
     nodes: int = Field(default=1, ge=1, le=4096)
     procs_per_node: int = Field(default=1, ge=1, le=64)
     resources: Resources = Field(default_factory=Resources)
-    env: dict[EnvName, Annotated[str, StringConstraints(max_length=8192)]] = Field(
-        default_factory=dict, max_length=256
-    )
+    env: dict[EnvName, Annotated[str, StringConstraints(max_length=8192)]] = Field(default_factory=dict, max_length=256)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     resiliency: ResiliencySpec = Field(default_factory=ResiliencySpec)
     faults: list[FaultSpec] = Field(default_factory=list, max_length=100)
@@ -105,14 +103,10 @@ class JobSpec(StrictModel):
             raise ValueError("nodes must be 1 for the local backend (it runs on one machine)")
         for name in self.env:
             if name.startswith(RESERVED_ENV_PREFIX):
-                raise ValueError(
-                    f"env.{name}: variables starting with {RESERVED_ENV_PREFIX} are set by ftplane"
-                )
+                raise ValueError(f"env.{name}: variables starting with {RESERVED_ENV_PREFIX} are set by ftplane")
         for i, fault in enumerate(self.faults):
             if fault.rank >= self.world_size:
-                raise ValueError(
-                    f"faults[{i}].rank {fault.rank} is outside the job's {self.world_size} ranks"
-                )
+                raise ValueError(f"faults[{i}].rank {fault.rank} is outside the job's {self.world_size} ranks")
         if self.checkpoint.engine != "none" and not self.checkpoint.dir and self.backend == "kubernetes":
             raise ValueError("checkpoint.dir is required for checkpoints on kubernetes (shared storage)")
         return self

@@ -21,7 +21,5 @@ def send(task: str, *args: Any) -> bool:
         celery_app.send_task(task, args=list(args))
         return True
     except Exception:  # the broker being down must not fail an accepted request
-        log.warning(
-            "could not enqueue %s for %s; the next supervision sweep will retry", task, args, exc_info=True
-        )
+        log.warning("could not enqueue %s for %s; the next supervision sweep will retry", task, args, exc_info=True)
         return False

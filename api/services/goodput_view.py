@@ -85,9 +85,7 @@ def goodput_of(session: Session, job: Job) -> GoodputView | None:
     ettr = number(data.get("ettr"))
     if ettr is None and wall and productive is not None:
         ettr = productive / wall
-    nested = next(
-        (data[k] for k in ("lost_s", "lost", "breakdown") if isinstance(data.get(k), Mapping)), None
-    )
+    nested = next((data[k] for k in ("lost_s", "lost", "breakdown") if isinstance(data.get(k), Mapping)), None)
     if nested is not None:
         items = nested.items()
     else:

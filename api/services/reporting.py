@@ -47,11 +47,7 @@ def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tupl
             PendingFault.delivered_at.is_(None),
         )
     ).all()
-    faults = [
-        FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step)
-        for f in pending
-        if f.rank in ranks
-    ]
+    faults = [FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step) for f in pending if f.rank in ranks]
     return accepted, faults
 
 

@@ -75,9 +75,7 @@ def lease_s(timeout_s: float) -> float:
 # ---- writing the outbox (in the event's transaction) -------------------------------------------
 
 
-def record(
-    session: Session, job: Job, events: list[Event], public_url: str | None, now: datetime
-) -> list[str]:
+def record(session: Session, job: Job, events: list[Event], public_url: str | None, now: datetime) -> list[str]:
     """Create the deliveries the new events call for; returns their ids (to enqueue after commit)."""
     subs = subscriptions.active(session)
     if not subs:
@@ -110,9 +108,7 @@ def enqueue(delivery_id: str, countdown: float | None = None) -> bool:
         celery_app.send_task(DELIVER_TASK, args=[delivery_id], countdown=countdown)
         return True
     except Exception:  # a broker outage must not fail the request that stored the event
-        log.warning(
-            "could not enqueue webhook delivery %s; the sweep will retry it", delivery_id, exc_info=True
-        )
+        log.warning("could not enqueue webhook delivery %s; the sweep will retry it", delivery_id, exc_info=True)
         return False
 
 
@@ -160,9 +156,7 @@ def claim(session: Session, delivery_id: str, now: datetime, *, lease: float) ->
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return None
     row = session.scalar(
-        select(WebhookDelivery)
-        .where(WebhookDelivery.id == delivery_id)
-        .execution_options(populate_existing=True)
+        select(WebhookDelivery).where(WebhookDelivery.id == delivery_id).execution_options(populate_existing=True)
     )
     assert row is not None
     sub = session.get(WebhookSubscription, row.subscription_id)
@@ -249,9 +243,7 @@ def due(session: Session, now: datetime, *, limit: int = SWEEP_BATCH) -> list[st
 # ---- the delivery log (admin API) --------------------------------------------------------------
 
 
-def redeliver(
-    session: Session, subscription_id: str, delivery_id: str, now: datetime
-) -> WebhookDelivery | None:
+def redeliver(session: Session, subscription_id: str, delivery_id: str, now: datetime) -> WebhookDelivery | None:
     """Send again now with the same webhook-id; the retry schedule starts over."""
     row = session.get(WebhookDelivery, delivery_id)
     if row is None or row.subscription_id != subscription_id:
@@ -270,9 +262,7 @@ def _encode_cursor(row: WebhookDelivery) -> str:
 
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
-        created, delivery_id = json.loads(
-            base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode())
-        )
+        created, delivery_id = json.loads(base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode()))
         return datetime.fromisoformat(created), str(delivery_id)
     except Exception as exc:  # any malformed input is the caller's error
         raise ValueError("cursor is not one this server returned") from exc

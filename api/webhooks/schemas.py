@@ -52,9 +52,7 @@ class WebhookOut(BaseModel):
 
 
 class WebhookCreated(WebhookOut):
-    secret: str = Field(
-        description="The signing secret (Standard Webhooks `whsec_...`). Shown once; store it now."
-    )
+    secret: str = Field(description="The signing secret (Standard Webhooks `whsec_...`). Shown once; store it now.")
 
 
 class DeliveryOut(BaseModel):

@@ -117,9 +117,7 @@ def validate(url: str, *, allow_private: bool) -> Target:
     return target
 
 
-def post(
-    url: str, body: bytes, headers: dict[str, str], *, timeout_s: float, allow_private: bool
-) -> PostResult:
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout_s: float, allow_private: bool) -> PostResult:
     """POST once to the checked address. Raises TargetRefused; network errors come back in the result."""
     target = parse(url)
     try:

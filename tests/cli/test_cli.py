@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,18 +12,18 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import ftplane_server
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def ftplane(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "api.cli", *args], env=env, cwd=env["WORKDIR"], capture_output=True, text=True,
+        [sys.executable, "-m", "api.cli", *args],
+        env=env,
+        cwd=env["WORKDIR"],
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     if check:
@@ -35,35 +33,8 @@ def ftplane(env: dict[str, str], *args: str, check: bool = True) -> subprocess.C
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    workdir = tmp_path_factory.mktemp("serve")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FTPLANE_")}
-    env.update(
-        WORKDIR=str(workdir),
-        PYTHONPATH=str(ROOT),
-        FTPLANE_PORT=str(port),
-        FTPLANE_URL=f"http://127.0.0.1:{port}",
-        FTPLANE_SUPERVISE_INTERVAL_S="0.5",
-        COLUMNS="200",
-    )
-    log = (workdir / "serve.log").open("wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve"], env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{env['FTPLANE_URL']}/readyz").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert server.poll() is None, (workdir / "serve.log").read_text()
-        time.sleep(0.3)
-    else:
-        raise AssertionError("ftplane serve did not become ready")
-    yield env
-    server.terminate()
-    server.wait(timeout=30)
+    with ftplane_server(tmp_path_factory.mktemp("serve")) as env:
+        yield env
 
 
 def test_serve_serves_docs_and_saves_an_admin_token(served: dict[str, str]) -> None:
@@ -110,7 +81,5 @@ def test_render_local_spec(served: dict[str, str]) -> None:
 
 def test_token_create_prints_a_working_token(served: dict[str, str]) -> None:
     created = json.loads(ftplane(served, "token", "create", "--name", "ci", "-o", "json").stdout)
-    response = httpx.get(
-        f"{served['FTPLANE_URL']}/v1/jobs", headers={"Authorization": f"Bearer {created['token']}"}
-    )
+    response = httpx.get(f"{served['FTPLANE_URL']}/v1/jobs", headers={"Authorization": f"Bearer {created['token']}"})
     assert response.status_code == 200

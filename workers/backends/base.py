@@ -52,6 +52,7 @@ class AttemptStatus:
     phase: AttemptPhase
     cause: str | None = None
     in_job_restarts: int = 0  # restarts the in-pod launcher has made so far
+    restart_causes: tuple[str, ...] = ()  # the cause of each of those restarts, in order, where known
     failed_nodes: tuple[str, ...] = ()
     events: list[ObservedEvent] = field(default_factory=list)
 

@@ -8,6 +8,7 @@ restarts reads it back, so running jobs are re-adopted, not lost.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -36,6 +37,7 @@ from workers.backends.base import (
 )
 
 RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+FINAL_FAILURE = re.compile(r"ProcessFailure\(local_rank=(\d+), pid=(\d+), exitcode=(-?\d+)")
 GROUP_RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
 LOG_TAIL_BYTES = 64 * 1024
 TERMINATE_GRACE_S = 10.0
@@ -54,6 +56,40 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class RankExit:
+    local_rank: int
+    pid: int
+    exit_code: int
+
+    @property
+    def cause(self) -> str:
+        return describe_exit(self.exit_code)
+
+
+def parse_launcher_log(log: str) -> list[list[RankExit]]:
+    """The rank failures of each round of the worker group; a new round starts at each in-job restart."""
+    boundaries = [m.end() for m in GROUP_RESTART.finditer(log)]
+    rounds: list[list[RankExit]] = [[] for _ in range(len(boundaries) + 1)]
+    found = [(m.start(), RankExit(int(m[2]), int(m[3]), int(m[1]))) for m in RANK_EXIT.finditer(log)]
+    found += [(m.start(), RankExit(int(m[1]), int(m[2]), int(m[3]))) for m in FINAL_FAILURE.finditer(log)]
+    seen: set[int] = set()
+    for position, failure in sorted(found, key=lambda item: item[0]):
+        if failure.pid not in seen:
+            seen.add(failure.pid)
+            rounds[bisect.bisect_left(boundaries, position)].append(failure)
+    return rounds
+
+
+def root_cause(failures: list[RankExit]) -> str | None:
+    """A rank killed by a signal is the root cause; ranks that then exit 1 on a broken collective are collateral."""
+    if not failures:
+        return None
+    signalled = [f for f in failures if f.exit_code < 0]
+    first = (signalled or failures)[0]
+    return f"rank {first.local_rank} {first.cause}"
 
 
 @dataclass(frozen=True)
@@ -162,9 +198,7 @@ class LocalBackend:
     def render(self, request: LaunchRequest) -> str:
         env = trainer_environment(request)
         env["FTPLANE_TOKEN"] = "<job token>"
-        lines = [
-            f"# job {request.job_id} attempt {request.attempt}: one ft_launcher process tree on this host"
-        ]
+        lines = [f"# job {request.job_id} attempt {request.attempt}: one ft_launcher process tree on this host"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
         lines.append(shlex.join(self.command(request, port=29500)))
         return "\n".join(lines) + "\n"
@@ -224,45 +258,44 @@ class LocalBackend:
         record = run.launched()
         if record is None:
             return AttemptStatus(AttemptPhase.missing, cause="no launch record for this attempt on this host")
-        log = run.log_text()
+        rounds = parse_launcher_log(run.log_text())
         node = socket.gethostname()
-        events = []
-        for exit_code, local_rank, pid in RANK_EXIT.findall(log):
-            rank = int(local_rank)
-            cause = describe_exit(int(exit_code))
-            events.append(
-                ObservedEvent(
-                    key=f"local:a{attempt}:pid{pid}:exit",
-                    type="rank_failed",
-                    rank=rank,
-                    node=node,
-                    details={
-                        "cause": cause,
-                        "exit_code": int(exit_code),
-                        "pid": int(pid),
-                        "source": "launcher",
-                    },
-                )
+        events = [
+            ObservedEvent(
+                key=f"local:a{attempt}:pid{f.pid}:exit",
+                type="rank_failed",
+                rank=f.local_rank,
+                node=node,
+                details={"cause": f.cause, "exit_code": f.exit_code, "pid": f.pid, "source": "launcher"},
             )
-        restarts = len(GROUP_RESTART.findall(log))
-        last_cause = events[-1].details["cause"] if events else None
+            for failures in rounds
+            for f in failures
+        ]
+        restarts = len(rounds) - 1
+        causes = tuple(root_cause(r) or "worker group failed" for r in rounds[:-1])
+        last_cause = next((root_cause(r) for r in reversed(rounds) if r), None)
         code = run.exit_code()
         if code is not None:
             if code == 0:
-                return AttemptStatus(AttemptPhase.succeeded, in_job_restarts=restarts, events=events)
+                return AttemptStatus(
+                    AttemptPhase.succeeded, in_job_restarts=restarts, restart_causes=causes, events=events
+                )
             budget = spec.resiliency.max_in_job_restarts
             cause = f"ft_launcher exited with {describe_exit(code)}"
             if last_cause:
                 cause += f" after rank failure ({last_cause}); in-job restart budget ({budget}) spent"
-            return AttemptStatus(AttemptPhase.failed, cause=cause, in_job_restarts=restarts, events=events)
+            return AttemptStatus(
+                AttemptPhase.failed, cause=cause, in_job_restarts=restarts, restart_causes=causes, events=events
+            )
         if self._alive(record):
             return AttemptStatus(
-                AttemptPhase.running, cause=last_cause, in_job_restarts=restarts, events=events
+                AttemptPhase.running, cause=last_cause, in_job_restarts=restarts, restart_causes=causes, events=events
             )
         return AttemptStatus(
             AttemptPhase.failed,
             cause="the launcher process disappeared without an exit code (host restart or killed)",
             in_job_restarts=restarts,
+            restart_causes=causes,
             events=events,
         )
 

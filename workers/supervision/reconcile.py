@@ -89,6 +89,7 @@ def _record_observations(session: Session, job: Job, attempt: Attempt, status: A
     restarts_seen = status.in_job_restarts
     for n in range(attempt.in_job_restarts + 1, restarts_seen + 1):
         failed_step = restarts.note_failure(session, job, attempt)
+        known = status.restart_causes[n - 1] if n <= len(status.restart_causes) else None
         events.append(
             EventIn(
                 # The trainer reports the same restart under the same key: it is stored once.
@@ -98,7 +99,7 @@ def _record_observations(session: Session, job: Job, attempt: Attempt, status: A
                 step=failed_step,
                 details={
                     "restart_count": n,
-                    "cause": status.cause or "worker group failed",
+                    "cause": known or status.cause or "worker group failed",
                     "failed_step": failed_step,
                     "source": "launcher",
                 },
@@ -123,6 +124,4 @@ def _watch_running(session: Session, job: Job, attempt: Attempt, spec: JobSpec) 
         return
     silence = silent_ranks.detect(session, job, attempt, spec)
     if silence and silence.escalate:
-        restarts.restart_or_fail(
-            session, job, attempt, spec, f"hang not recovered in-job: {silence.cause}", ()
-        )
+        restarts.restart_or_fail(session, job, attempt, spec, f"hang not recovered in-job: {silence.cause}", ())

@@ -47,9 +47,7 @@ def fail(session: Session, job: Job, attempt: Attempt, cause: str, spec: JobSpec
     try:
         get_backend(job.backend).cancel(job.id, job.attempt, spec)
     except Exception:
-        log.warning(
-            "tear-down of job %s attempt %s failed; giving up anyway", job.id, job.attempt, exc_info=True
-        )
+        log.warning("tear-down of job %s attempt %s failed; giving up anyway", job.id, job.attempt, exc_info=True)
     attempt.status = "FAILED"
     attempt.cause = cause
     attempt.finished_at = utcnow()

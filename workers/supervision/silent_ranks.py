@@ -63,9 +63,7 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     return Silence(summary, escalate=worst > 2 * timeout)
 
 
-def _event(
-    job: Job, rank: int | None, step: int | None, key: str, cause: str, node: str | None = None
-) -> EventIn:
+def _event(job: Job, rank: int | None, step: int | None, key: str, cause: str, node: str | None = None) -> EventIn:
     return EventIn(
         key=key,
         type=EventType.hang_detected,

@@ -26,9 +26,7 @@ def inject_fault(job_id: str, fault: dict[str, Any]) -> None:
             get_backend(job.backend).inject_fault(job.id, job.attempt, spec, request)
         except FaultNotSupported:
             session.add(
-                PendingFault(
-                    id=request.id, job_id=job.id, attempt=job.attempt, kind=request.kind, rank=request.rank
-                )
+                PendingFault(id=request.id, job_id=job.id, attempt=job.attempt, kind=request.kind, rank=request.rank)
             )
             return
         reporting.record_events(

@@ -8,10 +8,11 @@
   function readData() {
     const node = document.getElementById("progress-data");
     if (!node) return null;
-    if (node.textContent === lastJson) return undefined; // unchanged
-    lastJson = node.textContent;
+    const text = node.dataset.json || "";
+    if (text === lastJson) return undefined; // unchanged
+    lastJson = text;
     try {
-      return JSON.parse(node.textContent);
+      return JSON.parse(text);
     } catch (e) {
       return null;
     }

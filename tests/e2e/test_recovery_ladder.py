@@ -1,0 +1,153 @@
+"""End to end on embedded defaults: a real trainer under real ft_launcher, launched and supervised by
+a real `ftplane serve`, fails for real and recovers through each rung of the ladder."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.client import Client
+from tests.conftest import ftplane_server
+
+pytestmark = pytest.mark.slow
+
+TRAINER = ["python", "-m", "trainer", "--model", "tiny", "--batch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    workdir = tmp_path_factory.mktemp("e2e")
+    with ftplane_server(workdir) as env:
+        client = Client(url=env["FTPLANE_URL"], token=env["FTPLANE_TOKEN"])
+        client.workdir = workdir  # type: ignore[attr-defined]
+        yield client
+        client.close()
+
+
+def spec(api: Client, name: str, steps: int, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": name,
+        "command": [*TRAINER, "--steps", str(steps), "--step-delay-s", "0.15"],
+        "procs_per_node": 2,
+        "env": {"OMP_NUM_THREADS": "1"},
+        "checkpoint": {
+            "dir": str(api.workdir / "ckpt" / name),  # type: ignore[attr-defined]
+            "interval_steps": 5,
+            "engine": "async",
+        },
+        "resiliency": {
+            "max_in_job_restarts": 2,
+            "max_job_restarts": 0,
+            "initial_heartbeat_timeout_s": 120,
+            "heartbeat_timeout_s": 10,
+        },
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return body
+
+
+def wait(what: str, condition: Callable[[], Any], timeout: float = 150) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def events(api: Client, job_id: str, type_: str | None = None) -> list[dict[str, Any]]:
+    found = api.all_events(job_id)
+    return [e for e in found if type_ is None or e["type"] == type_]
+
+
+def step(api: Client, job_id: str) -> int:
+    return max((r["step"] for r in api.ranks(job_id)), default=0)
+
+
+def finished(api: Client, job_id: str) -> dict[str, Any]:
+    return wait("the job to end", lambda: (j := api.job(job_id))["status"] in ("SUCCEEDED", "FAILED") and j, 240)
+
+
+def resumed_after(api: Client, job_id: str, fault: dict[str, Any]) -> dict[str, Any]:
+    later = [e for e in events(api, job_id) if e["id"] > fault["id"]]
+    return next(e for e in later if e["type"] == "checkpoint_loaded")
+
+
+def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(api: Client) -> None:
+    job = api.submit(
+        spec(api, "ladder", 45, resiliency={"inprocess": {"enabled": True, "soft_timeout_s": 20, "hard_timeout_s": 30}})
+    )
+    job_id = job["id"]
+    wait("training", lambda: step(api, job_id) >= 6)
+
+    api.inject(job_id, {"kind": "exception", "rank": 1, "at_step": step(api, job_id) + 2})
+    wait("in-process restart", lambda: events(api, job_id, "inprocess_restart"))
+
+    wait("progress", lambda: step(api, job_id) >= 18)
+    api.inject(job_id, {"kind": "crash", "rank": 1, "now": True})
+    wait("in-job restart", lambda: events(api, job_id, "injob_restart"))
+
+    base = step(api, job_id)
+    wait("progress", lambda: step(api, job_id) >= base + 4)
+    api.inject(job_id, {"kind": "hang", "rank": 0, "now": True})
+    wait("hang detection", lambda: events(api, job_id, "hang_detected"))
+
+    body = finished(api, job_id)
+    assert body["status"] == "SUCCEEDED", body
+    history = events(api, job_id)
+    faults = [e for e in history if e["type"] == "fault_injected"]
+    assert [f["details"]["kind"] for f in faults] == ["exception", "crash", "hang"]
+
+    inprocess = events(api, job_id, "inprocess_restart")
+    assert len(inprocess) == 1 and inprocess[0]["id"] > faults[0]["id"]
+    injob = events(api, job_id, "injob_restart")
+    assert len(injob) == 2, injob  # the crash and the hang, each stored once
+    assert faults[1]["id"] < injob[0]["id"] < faults[2]["id"] < injob[1]["id"]
+    hangs = events(api, job_id, "hang_detected")
+    assert {h["rank"] for h in hangs} >= {0} and "no heartbeat" in hangs[0]["details"]["cause"]
+    assert body["job_restarts"] == 0 and body["attempt"] == 0
+
+    for fault in faults[1:]:  # crash and hang restart the processes: state comes back from a checkpoint
+        loaded = resumed_after(api, job_id, fault)
+        assert loaded["step"] > 0 and loaded["step"] % 5 == 0
+        running = next(e for e in history if e["id"] > loaded["id"] and e["type"] == "running")
+        assert running["details"]["start_step"] == loaded["step"]
+    saved = events(api, job_id, "checkpoint_saved")
+    assert saved and all(e["details"]["blocking_s"] >= 0 and e["details"]["bytes"] > 0 for e in saved)
+
+
+def test_spent_budgets_end_failed_with_the_cause(api: Client) -> None:
+    job = api.submit(spec(api, "budget", 200, resiliency={"max_in_job_restarts": 0, "max_job_restarts": 0}))
+    wait("training", lambda: step(api, job["id"]) >= 3)
+    api.inject(job["id"], {"kind": "crash", "rank": 0, "now": True})
+    body = finished(api, job["id"])
+    assert body["status"] == "FAILED"
+    assert "in-job restart budget (0) spent" in body["status_reason"]
+    assert "job restart budget (0) spent" in body["status_reason"]
+    assert "SIGKILL" in body["status_reason"]
+    failed = events(api, job["id"], "failed")
+    assert len(failed) == 1 and "SIGKILL" in failed[0]["details"]["cause"]
+
+
+def test_job_level_restart_resumes_in_a_new_attempt(api: Client) -> None:
+    job = api.submit(spec(api, "jobrestart", 30, resiliency={"max_in_job_restarts": 0, "max_job_restarts": 1}))
+    job_id = job["id"]
+    wait("a checkpoint", lambda: events(api, job_id, "checkpoint_saved"))
+    wait("progress", lambda: step(api, job_id) >= 8)
+    api.inject(job_id, {"kind": "crash", "rank": 1, "now": True})
+    body = finished(api, job_id)
+    assert body["status"] == "SUCCEEDED", body
+    assert body["attempt"] == 1 and body["job_restarts"] == 1
+    restart = events(api, job_id, "job_restart")
+    assert len(restart) == 1 and restart[0]["attempt"] == 1 and "SIGKILL" in restart[0]["details"]["cause"]
+    loaded = [e for e in events(api, job_id, "checkpoint_loaded") if e["attempt"] == 1]
+    assert loaded and loaded[0]["step"] >= 5
