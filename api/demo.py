@@ -8,9 +8,6 @@ for SUCCEEDED, then prints the fault history and each fault's recovery time.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,48 +15,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from api.client import ApiFailure, Client
 from api.core.config import get_settings
+from api.devserver import ftplane_server
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-local.yaml"
 RESTARTS = ("inprocess_restart", "injob_restart", "job_restart")
-
-
-def free_port(preferred: int = 8000) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    raise RuntimeError("no free port")
-
-
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = dict(os.environ, FTPLANE_PORT=str(port), FTPLANE_SUPERVISE_INTERVAL_S="1", FTPLANE_DATA_DIR=str(data_dir))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = (data_dir / "demo-serve.log").open("wb")
-    server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve"], env=env, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"ftplane serve exited; see {data_dir / 'demo-serve.log'}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return server, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit("ftplane serve did not become ready in 90 s")
 
 
 class Demo:
@@ -126,10 +92,15 @@ def recovery_table(events: list[dict[str, Any]]) -> Table:
 
 
 def main() -> None:
-    data_dir = Path(get_settings().data_dir)
-    server, url = start_server(data_dir)
+    data_dir = Path(get_settings().data_dir).resolve()
+    with ftplane_server(
+        Path.cwd(), port=8000, FTPLANE_DATA_DIR=str(data_dir), FTPLANE_SUPERVISE_INTERVAL_S="1"
+    ) as server:
+        run(Client(url=server.url, token=server.token), server.url, data_dir, server.log)
+
+
+def run(client: Client, url: str, data_dir: Path, log: Path) -> None:
     try:
-        client = Client(url=url, token=(data_dir / "admin-token").read_text().strip())
         spec = yaml.safe_load(EXAMPLE.read_text())
         spec["checkpoint"]["dir"] = str(data_dir / "checkpoints" / f"demo-{int(time.time())}")
         job = client.submit(spec)
@@ -168,15 +139,9 @@ def main() -> None:
         console.print(history)
         console.rule("recovery per fault (fault injected → training running again)")
         console.print(recovery_table(events))
-        console.print(f"[green]job {job['id']} SUCCEEDED[/green]. The server log is {data_dir / 'demo-serve.log'}.")
+        console.print(f"[green]job {job['id']} SUCCEEDED[/green]. The server log is {log}.")
     except ApiFailure as exc:
         raise SystemExit(f"API error: {exc}") from exc
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 if __name__ == "__main__":

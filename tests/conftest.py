@@ -7,17 +7,12 @@ under CI=true their absence is an error, never a skip.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
@@ -149,55 +144,10 @@ def row_counts() -> dict[str, int]:
         }
 
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def ftplane_server(workdir: Path, **extra_env: str) -> Iterator[dict[str, str]]:
-    """A real `ftplane serve` (API + worker + beat, embedded defaults) in `workdir`; yields its environment
-    with FTPLANE_URL set, the saved admin token in FTPLANE_TOKEN, and WORKDIR."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FTPLANE_")}
-    env.update(
-        WORKDIR=str(workdir),
-        PYTHONPATH=str(ROOT),
-        FTPLANE_PORT=str(port),
-        FTPLANE_URL=f"http://127.0.0.1:{port}",
-        FTPLANE_SUPERVISE_INTERVAL_S="0.5",
-        COLUMNS="200",
-        **extra_env,
-    )
-    log_path = workdir / "serve.log"
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve"],
-            env=env,
-            cwd=workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{env['FTPLANE_URL']}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "ftplane serve did not become ready in 60 s"
-            time.sleep(0.3)
-        env["FTPLANE_TOKEN"] = (workdir / ".ftplane" / "admin-token").read_text().strip()
-        yield env
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    """A real `ftplane serve` in `workdir`; yields its environment (FTPLANE_URL, FTPLANE_TOKEN, WORKDIR)."""
+    from api.devserver import ftplane_server as serve
+
+    with serve(workdir, **extra_env) as server:
+        yield {**server.env, "WORKDIR": str(workdir)}

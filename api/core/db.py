@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core.config import Settings, get_settings
@@ -74,14 +74,33 @@ def alembic_config(url: str) -> Any:
     return config
 
 
+# Any fixed number: every process that starts migrates under this PostgreSQL advisory lock.
+MIGRATION_LOCK_ID = 4_711_2026
+
+
 def upgrade_to_head(settings: Settings | None = None, url: str | None = None) -> None:
+    """Bring the schema to the newest migration. Safe when several processes start at once."""
     from alembic import command
 
     settings = settings or get_settings()
     target = url or settings.resolved_database_url
-    if target.startswith("sqlite"):
-        make_engine(target).dispose()  # creates the parent directory
-    command.upgrade(alembic_config(target), "head")
+    config = alembic_config(target)
+    engine = make_engine(target)  # for SQLite this also creates the parent directory
+    try:
+        if engine.dialect.name != "postgresql":
+            command.upgrade(config, "head")
+            return
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+            try:
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+                connection.commit()
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID})
+                connection.commit()
+    finally:
+        engine.dispose()
 
 
 def reset_caches() -> None:

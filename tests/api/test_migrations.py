@@ -40,3 +40,26 @@ def test_service_upgrades_to_head_at_start(env: str) -> None:
 
     create_app()
     assert set(Base.metadata.tables) <= set(inspect(get_engine()).get_table_names())
+
+
+def test_processes_starting_together_migrate_once(postgres_url: str) -> None:
+    """API, worker and beat pods start at once on a fresh database: none of them fails."""
+    import threading
+
+    from api.core.config import Settings
+    from api.core.db import upgrade_to_head
+
+    errors: list[Exception] = []
+
+    def start() -> None:
+        try:
+            upgrade_to_head(Settings(), url=postgres_url)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []

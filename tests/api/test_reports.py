@@ -59,9 +59,7 @@ def test_events_filter_by_type_and_time_and_paginate(admin: TestClient, make_job
 def test_a_bad_event_refuses_the_whole_batch(admin: TestClient, make_job: Any) -> None:
     job = make_job()
     before = row_counts()
-    response = admin.post(
-        f"/v1/jobs/{job['id']}/events", json={"events": [event("ok"), event("bad", "made_up_type")]}
-    )
+    response = admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [event("ok"), event("bad", "made_up_type")]})
     assert response.status_code == 422
     assert "events[1].type" in [f["field"] for f in response.json()["error"]["fields"]]
     assert row_counts() == before
@@ -144,8 +142,13 @@ def test_fault_directive_rides_on_heartbeat_reply_until_fired(admin: TestClient,
     assert rank0["faults"] == []
     rank1 = admin.post(url, json={"heartbeats": [{"rank": 1, "step": 3}]}, headers=trainer(admin, job)).json()
     assert rank1["faults"] == [{"id": fault.json()["id"], "kind": "exception", "rank": 1, "at_step": 12}]
-    fired = {"key": f"fault:{fault.json()['id']}", "type": "fault_injected", "rank": 1, "step": 12,
-             "details": {"fault_id": fault.json()["id"], "kind": "exception"}}
+    fired = {
+        "key": f"fault:{fault.json()['id']}",
+        "type": "fault_injected",
+        "rank": 1,
+        "step": 12,
+        "details": {"fault_id": fault.json()["id"], "kind": "exception"},
+    }
     admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [fired]}, headers=trainer(admin, job))
     after = admin.post(url, json={"heartbeats": [{"rank": 1, "step": 13}]}, headers=trainer(admin, job)).json()
     assert after["faults"] == []

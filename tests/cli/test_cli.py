@@ -12,9 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.devserver import ROOT
 from tests.conftest import ftplane_server
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def ftplane(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -18,8 +18,19 @@ from tests.conftest import REDIS_URL, configure_env, require, tiny_spec
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app", "worker", "--beat",
-               "--pool=solo", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app:celery_app",
+        "worker",
+        "--beat",
+        "--pool=solo",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
     return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +44,9 @@ def wait_for(condition: Callable[[], object], timeout: float = 60.0, what: str =
 
 
 def launch(backend: LocalBackend, job_spec: JobSpec, job_id: str = "job1") -> LaunchRequest:
-    request = LaunchRequest(job_id=job_id, attempt=0, spec=job_spec, token="ftp_job_secret", control_plane_url="http://x")
+    request = LaunchRequest(
+        job_id=job_id, attempt=0, spec=job_spec, token="ftp_job_secret", control_plane_url="http://x"
+    )
     backend.launch(request)
     return request
 
@@ -61,7 +62,9 @@ def test_success_and_idempotent_launch(backend: LocalBackend) -> None:
     first = backend.attempt_dir("job1", 0).launched()
     launch(backend, job_spec)  # a redelivered launch starts nothing new
     assert backend.attempt_dir("job1", 0).launched() == first
-    status = wait_for(lambda: (s := backend.status("job1", 0, job_spec)).phase != AttemptPhase.running and s, what="end")
+    status = wait_for(
+        lambda: (s := backend.status("job1", 0, job_spec)).phase != AttemptPhase.running and s, what="end"
+    )
     assert isinstance(status, AttemptStatus) and status.phase == AttemptPhase.succeeded
     token_in_log = "ftp_job_secret" in backend.attempt_dir("job1", 0).log_text()
     assert not token_in_log

@@ -22,13 +22,17 @@ class ScriptedBackend:
     launches: list[LaunchRequest] = field(default_factory=list)
     cancels: list[int] = field(default_factory=list)
     fail_launch: bool = False
+    retryable: bool = False
+    released: list[str] = field(default_factory=list)
 
     def render(self, request: LaunchRequest) -> str:
         return "scripted"
 
     def launch(self, request: LaunchRequest) -> None:
         if self.fail_launch:
-            raise RuntimeError("cluster unreachable")
+            error = RuntimeError("cluster unreachable")
+            error.retryable = self.retryable  # type: ignore[attr-defined]
+            raise error
         self.launches.append(request)
 
     def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
@@ -39,6 +43,9 @@ class ScriptedBackend:
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         self.cancels.append(attempt)
+
+    def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:
+        self.released.append(job_id)
 
 
 @pytest.fixture
@@ -97,6 +104,21 @@ def test_success(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> 
     supervise(job["id"])
     assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "SUCCEEDED"
     assert types(admin, job["id"])[-1] == "succeeded"
+    assert backend.released == [job["id"]]
+
+
+def test_retryable_launch_error_is_retried_not_fatal(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    backend.fail_launch, backend.retryable = True, True
+    job = make_job()
+    supervise(job["id"], force_launch=True)
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["status"] == "PENDING" and "cluster unreachable" in body["attempts"][0]["cause"]
+    backend.fail_launch = False
+    supervise(job["id"], force_launch=True)
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "SUBMITTED"
+    assert len(backend.launches) == 1
 
 
 def test_failure_climbs_to_job_restart_excluding_the_node_then_budget_ends_it(
@@ -153,9 +175,7 @@ def test_restart_loop_without_progress_fails_before_the_budget_is_spent(
     assert body["job_restarts"] == 2  # three failures at step 7, not fifty
 
 
-def test_progress_between_failures_keeps_restarting(
-    admin: TestClient, make_job: Any, backend: ScriptedBackend
-) -> None:
+def test_progress_between_failures_keeps_restarting(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
     job = make_job(resiliency={"max_job_restarts": 5})
     supervise(job["id"], force_launch=True)
     for attempt in range(4):

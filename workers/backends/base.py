@@ -89,6 +89,10 @@ class Backend(Protocol):
         """Tear the attempt down entirely. Idempotent."""
         ...
 
+    def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:
+        """The job is over: remove what outlives single attempts. Idempotent."""
+        ...
+
 
 def trainer_environment(request: LaunchRequest) -> dict[str, str]:
     """The variables every backend gives the trainer (its only configuration besides `command`).

@@ -332,6 +332,11 @@ class LocalBackend:
             time.sleep(0.1)
         self._signal_group(pgid, members, signal.SIGKILL)
 
+    def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:
+        """Nothing outlives an attempt here but its log and state, kept on disk for reading."""
+        for attempt_dir in sorted((self.runs_dir / job_id).glob("a*")):
+            self.cancel(job_id, int(attempt_dir.name[1:]), spec)
+
     @staticmethod
     def _signal_group(pgid: int, members: list[int], sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

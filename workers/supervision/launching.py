@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
@@ -17,6 +18,9 @@ from workers.backends import UnknownBackend, get_backend
 from workers.backends.base import LaunchRequest
 
 log = logging.getLogger(__name__)
+
+# How long a launch that fails with a retryable backend error is tried again before the job fails.
+LAUNCH_RETRY_WINDOW = timedelta(minutes=15)
 
 
 def current_attempt(session: Session, job: Job) -> Attempt:
@@ -54,8 +58,15 @@ def launch_current_attempt(session: Session, job: Job) -> None:
     try:
         backend.launch(request)
     except Exception as exc:
+        cause = f"launch failed: {type(exc).__name__}: {exc}"
+        if getattr(exc, "retryable", False) and utcnow() - attempt.created_at < LAUNCH_RETRY_WINDOW:
+            # A transient backend outage (API 5xx, timeouts): the next supervision pass launches again.
+            log.warning("job %s attempt %s: %s; retrying on the next pass", job.id, job.attempt, cause)
+            attempt.cause = cause
+            session.commit()
+            return
         log.exception("launch of job %s attempt %s failed", job.id, job.attempt)
-        fail_launch(session, job, attempt, f"launch failed: {type(exc).__name__}: {exc}")
+        fail_launch(session, job, attempt, cause)
         return
     now = utcnow()
     attempt.launched_at = now

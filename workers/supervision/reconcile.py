@@ -30,6 +30,21 @@ def supervise_job(session: Session, job_id: str, *, force_launch: bool = False) 
     job = job_store.get(session, job_id, for_update=True)
     if job is None or JobStatus(job.status) in lifecycle.TERMINAL:
         return
+    _reconcile(session, job, force_launch=force_launch)
+    if JobStatus(job.status) in lifecycle.TERMINAL:
+        session.commit()
+        _release(job)
+
+
+def _release(job: Job) -> None:
+    """The job is over: the backend frees what outlives attempts (e.g. the token Secret)."""
+    try:
+        get_backend(job.backend).delete_job_resources(job.id, lifecycle.spec_of(job))
+    except Exception:  # leftovers are an operator's clean-up, not a reason to fail supervision
+        log.warning("could not release the backend resources of job %s", job.id, exc_info=True)
+
+
+def _reconcile(session: Session, job: Job, *, force_launch: bool) -> None:
     if job.status == JobStatus.PENDING:
         if force_launch or job.created_at < utcnow() - SUBMIT_GRACE:
             launch_current_attempt(session, job)

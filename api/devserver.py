@@ -1,0 +1,91 @@
+"""Run a complete `ftplane serve` (API + worker + beat, embedded defaults) as a child process.
+
+Used by `make demo`, the end-to-end tests and the benchmarks: the real thing, in a
+directory of its own, torn down on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port(preferred: int | None = None) -> int:
+    for port in (preferred, 0):
+        if port is None:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RuntimeError("no free port")
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    url: str
+    token: str
+    workdir: Path
+    log: Path
+    env: dict[str, str]
+
+
+@contextmanager
+def ftplane_server(
+    workdir: Path, *, port: int | None = None, ready_timeout: float = 90, **extra_env: str
+) -> Iterator[RunningServer]:
+    """Serve from `workdir` (state in workdir/.ftplane unless FTPLANE_DATA_DIR is given)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port(port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTPLANE_")}
+    env.update(
+        PYTHONPATH=str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        FTPLANE_PORT=str(port),
+        FTPLANE_URL=f"http://127.0.0.1:{port}",
+        FTPLANE_SUPERVISE_INTERVAL_S="0.5",
+        COLUMNS="200",
+        **extra_env,
+    )
+    data_dir = Path(env.get("FTPLANE_DATA_DIR", workdir / ".ftplane"))
+    if not data_dir.is_absolute():
+        data_dir = workdir / data_dir
+    log_path = workdir / "serve.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "serve"], env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            try:
+                if httpx.get(f"{env['FTPLANE_URL']}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None:
+                raise RuntimeError(f"ftplane serve exited:\n{log_path.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ftplane serve was not ready in {ready_timeout:.0f} s; see {log_path}")
+            time.sleep(0.3)
+        token = (data_dir / "admin-token").read_text().strip()
+        env["FTPLANE_TOKEN"] = token
+        yield RunningServer(url=env["FTPLANE_URL"], token=token, workdir=workdir, log=log_path, env=env)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
