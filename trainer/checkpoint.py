@@ -212,9 +212,7 @@ class Checkpointer:
 
             def finalized() -> None:
                 in_flight.finalized = True
-                self._complete(
-                    step, path, blocking_s=in_flight.blocking_s, total_s=time.monotonic() - started
-                )
+                self._complete(step, path, blocking_s=in_flight.blocking_s, total_s=time.monotonic() - started)
 
             path.mkdir(parents=True, exist_ok=True)
             self._nvrx.schedule(state, str(path), finalized)
@@ -231,11 +229,7 @@ class Checkpointer:
             self._nvrx.poll(blocking=False)
             if self._in_flight is not None and self._in_flight.finalized:
                 self._in_flight = None
-        elif (
-            self._in_flight is not None
-            and self._in_flight.future is not None
-            and self._in_flight.future.done()
-        ):
+        elif self._in_flight is not None and self._in_flight.future is not None and self._in_flight.future.done():
             self._finish_future()
 
     def wait(self) -> None:

@@ -70,13 +70,9 @@ class Config:
     model: str = field(default="tiny", metadata={"help": f"model size: {', '.join(MODEL_PRESETS)}"})
     steps: int = field(default=100, metadata={"help": "total optimizer steps of the job"})
     batch_size: int = field(default=8, metadata={"help": "sequences per rank per step"})
-    seq_len: int | None = field(
-        default=None, metadata={"help": "tokens per sequence (default: the preset's)"}
-    )
+    seq_len: int | None = field(default=None, metadata={"help": "tokens per sequence (default: the preset's)"})
     lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate (constant)"})
-    seed: int = field(
-        default=1234, metadata={"help": "seed of the initial weights and of the synthetic data"}
-    )
+    seed: int = field(default=1234, metadata={"help": "seed of the initial weights and of the synthetic data"})
     device: str = field(default="auto", metadata={"help": "auto (CUDA when present) | cpu | cuda"})
     step_delay_s: float = field(
         default=0.0, metadata={"help": "extra sleep per step, to stretch a CPU job (demos, tests)"}

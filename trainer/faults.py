@@ -103,15 +103,11 @@ class FaultInjector:
                 if rank != self.rank:
                     continue
                 if kind not in FAULT_KINDS:
-                    log.warning(
-                        "ignoring fault directive %s: kind %r is not one of %s", fault_id, kind, FAULT_KINDS
-                    )
+                    log.warning("ignoring fault directive %s: kind %r is not one of %s", fault_id, kind, FAULT_KINDS)
                     continue
                 at_step = d.get("at_step")
                 self._directives.append(
-                    PlannedFault(
-                        fault_id, kind, rank, at_step if isinstance(at_step, int) else None, "control_plane"
-                    )
+                    PlannedFault(fault_id, kind, rank, at_step if isinstance(at_step, int) else None, "control_plane")
                 )
                 log.info("fault directive %s: %s on rank %d at step %s", fault_id, kind, rank, at_step)
 
@@ -139,9 +135,7 @@ class FaultInjector:
             log.info("fault %s already fired in this job; not firing it again", fault.fault_id)
             return False
         except OSError as exc:
-            log.error(
-                "cannot record fault %s under %s (%s); not firing it", fault.fault_id, self.markers, exc
-            )
+            log.error("cannot record fault %s under %s (%s); not firing it", fault.fault_id, self.markers, exc)
             return False
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)
@@ -170,9 +164,7 @@ class FaultInjector:
             delivered,
         )
         if fault.kind == "exception":
-            raise InjectedFault(
-                f"injected fault {fault.fault_id}: exception on rank {self.rank} at step {step}"
-            )
+            raise InjectedFault(f"injected fault {fault.fault_id}: exception on rank {self.rank} at step {step}")
         if fault.kind == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "hang":

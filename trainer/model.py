@@ -24,9 +24,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, dim // self.n_heads).unbind(dim=2)
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.out(y.transpose(1, 2).reshape(batch, seq, dim))
 
 

@@ -125,8 +125,7 @@ class RestartBudget(inprocess.health_check.HealthCheck):
     def __call__(self, state):  # noqa: ANN001, ANN204 - NVRx's FrozenState
         if state.fn_exception is not None and state.iteration + 1 > self.max_iterations:
             raise RuntimeError(
-                f"in-process restart budget spent ({self.max_iterations} restart(s)); "
-                "leaving recovery to ft_launcher"
+                f"in-process restart budget spent ({self.max_iterations} restart(s)); leaving recovery to ft_launcher"
             )
         return state
 
@@ -147,9 +146,7 @@ def is_restart_signal(exc: BaseException) -> bool:
     return isinstance(exc, RESTART_SIGNALS)
 
 
-def wrap_inprocess(
-    train: Callable[[Iteration], None], cfg: Config, placement: Placement
-) -> Callable[[], None]:
+def wrap_inprocess(train: Callable[[Iteration], None], cfg: Config, placement: Placement) -> Callable[[], None]:
     """`train` wrapped in NVRx's in-process restart, configured from the job spec."""
     soft = datetime.timedelta(seconds=cfg.inprocess_soft_timeout_s)
     hard = datetime.timedelta(seconds=cfg.inprocess_hard_timeout_s)
@@ -246,11 +243,7 @@ class NvrxAsyncSaver:
             save_state_dict_async_finalize(*planned)
             on_finalized()
 
-        extra = (
-            {"preload_fn": preload_fn}
-            if preload_fn is not None and "preload_fn" in AsyncRequest._fields
-            else {}
-        )
+        extra = {"preload_fn": preload_fn} if preload_fn is not None and "preload_fn" in AsyncRequest._fields else {}
         self.queue.schedule_async_request(AsyncRequest(save_fn, save_args, [finalize], **extra))
 
     def poll(self, blocking: bool = False) -> None:

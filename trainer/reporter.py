@@ -139,9 +139,7 @@ class Reporter:
 
     # --- the training loop's side: O(1), never waits on the network -------------------------------
 
-    def heartbeat(
-        self, rank: int, step: int, *, throughput: float | None = None, loss: float | None = None
-    ) -> None:
+    def heartbeat(self, rank: int, step: int, *, throughput: float | None = None, loss: float | None = None) -> None:
         if not self.enabled:
             return
         beat = {
@@ -250,9 +248,7 @@ class Reporter:
                     if now < self._retry_at:
                         self._cond.wait(self._retry_at - now)
                         continue
-                    beats_due = bool(self._heartbeats) and (
-                        now >= self._next_heartbeat_at or self._flushing > 0
-                    )
+                    beats_due = bool(self._heartbeats) and (now >= self._next_heartbeat_at or self._flushing > 0)
                     if self._events or beats_due:
                         break
                     wait = None

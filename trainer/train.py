@@ -69,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     run = functools.partial(train, cfg, placement, reporter, faults, heartbeats, store, causes)
-    if cfg.inprocess:
-        run = nvrx.wrap_inprocess(run, cfg, placement)
-    else:
-        run = functools.partial(run, nvrx.Iteration())
+    run = nvrx.wrap_inprocess(run, cfg, placement) if cfg.inprocess else functools.partial(run, nvrx.Iteration())
 
     try:
         run()
@@ -198,11 +195,11 @@ def train(
             done = step + 1
 
             # Liveness, three ways: ft_launcher's rank monitor, the in-process Wrapper, the control plane.
-            reported = time.perf_counter()
             heartbeats.beat()
             iteration.ping()
+            enqueued = time.perf_counter()
             reporter.heartbeat(rank, done, throughput=tokens_per_step / step_s, loss=loss_value)
-            report_s = time.perf_counter() - reported
+            enqueue_s = time.perf_counter() - enqueued
 
             checkpointer.poll()
             if checkpointer.due(done):
@@ -215,7 +212,7 @@ def train(
                             "step": done,
                             "loss": loss_value,
                             "step_s": step_s,
-                            "report_s": report_s,
+                            "enqueue_s": enqueue_s,
                             "t": time.time(),
                         }
                     )

@@ -65,6 +65,7 @@ class Receiver:
     faults: list[dict[str, Any]] = field(default_factory=list)  # directives returned in heartbeat replies
     fail_with: list[int] = field(default_factory=list)  # statuses to answer next, one per request
     retry_after: str | None = None
+    lose_replies: int = 0  # store the next N event batches, then answer 503 as if the reply was lost
     delay_s: float = 0.0  # answer slowly
     lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
@@ -80,9 +81,7 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _answer(
-                self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-            ) -> None:
+            def _answer(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -124,14 +123,17 @@ class Receiver:
                                 receiver.events[event["key"]] = dict(event, received=time.monotonic())
                                 receiver.event_order.append(event["key"])
                                 stored += 1
+                    with receiver.lock:
+                        lose = receiver.lose_replies > 0
+                        receiver.lose_replies -= 1 if lose else 0
+                    if lose:
+                        return self._answer(503, {"detail": "stored, but the reply is lost"})
                     return self._answer(200, {"stored": stored, "duplicates": dupes})
                 if what == "heartbeats":
                     beats = body.get("heartbeats") or []
                     with receiver.lock:
                         now = time.monotonic()
-                        receiver.heartbeats.extend(
-                            dict(b, attempt=body.get("attempt"), received=now) for b in beats
-                        )
+                        receiver.heartbeats.extend(dict(b, attempt=body.get("attempt"), received=now) for b in beats)
                         faults = list(receiver.faults)
                     return self._answer(200, {"accepted": len(beats), "faults": faults})
                 return self._answer(404, {"detail": "no such route"})
@@ -192,9 +194,7 @@ def trainer_env(
         }
     )
     if receiver is not None:
-        env.update(
-            {"FTPLANE_URL": receiver.url, "FTPLANE_JOB_ID": receiver.job_id, "FTPLANE_TOKEN": receiver.token}
-        )
+        env.update({"FTPLANE_URL": receiver.url, "FTPLANE_JOB_ID": receiver.job_id, "FTPLANE_TOKEN": receiver.token})
     if checkpoint_dir is not None:
         env["FTPLANE_CHECKPOINT_DIR"] = str(checkpoint_dir)
     env.update(extra or {})

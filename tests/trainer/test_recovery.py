@@ -80,8 +80,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 def running_by(receiver: Receiver) -> dict[tuple[int, int, int], dict]:
     """running events keyed by (restart_count, iteration, rank)."""
     return {
-        (e["details"]["restart_count"], e["details"]["iteration"], e["rank"]): e
-        for e in receiver.of_type("running")
+        (e["details"]["restart_count"], e["details"]["iteration"], e["rank"]): e for e in receiver.of_type("running")
     }
 
 
@@ -218,9 +217,7 @@ def test_torn_checkpoint_is_never_loaded(
     (unfinished / ".metadata").unlink()
     assert latest_complete(root).step == 15
 
-    second = launch(
-        launcher_command(TRAINER_ARGS, max_restarts=0), trainer_env(receiver, ckpt), name="second"
-    )
+    second = launch(launcher_command(TRAINER_ARGS, max_restarts=0), trainer_env(receiver, ckpt), name="second")
     assert second.wait(JOB_TIMEOUT_S) == 0, second.tail()
     assert [e["step"] for e in receiver.of_type("checkpoint_loaded")] == [15]
     assert {e["details"]["start_step"] for e in receiver.of_type("running")} == {0, 15}
@@ -266,9 +263,7 @@ def test_control_plane_fault_directive_fires_once(
     assert fault["details"]["fault_id"] == "cp-fault-1" and fault["step"] >= 8
     [restart] = receiver.of_type("inprocess_restart")
     assert "rank 0" in restart["details"]["cause"]
-    resumed = [
-        e["details"]["start_step"] for e in receiver.of_type("running") if e["details"]["iteration"] == 1
-    ]
+    resumed = [e["details"]["start_step"] for e in receiver.of_type("running") if e["details"]["iteration"] == 1]
     assert resumed and all(s == fault["step"] // 5 * 5 for s in resumed)
     final = latest_complete(checkpoints_root(tmp_path / "ckpt"))
     assert final is not None and final.step == STEPS

@@ -1,0 +1,211 @@
+"""The reporter against a real HTTP receiver: delivery, idempotent retries, coalescing, refusals,
+and that enqueueing never waits on the network."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import TOKEN, Job, Receiver, launcher_command, trainer_env, wait_for
+from trainer.reporter import Reporter
+
+
+def make(receiver: Receiver, **kwargs) -> Reporter:
+    kwargs.setdefault("report_interval_s", 0.05)
+    kwargs.setdefault("backoff_base_s", 0.05)
+    kwargs.setdefault("backoff_cap_s", 0.5)
+    return Reporter(receiver.url, receiver.job_id, 3, receiver.token, node="node-a", **kwargs)
+
+
+def test_without_url_everything_is_a_no_op() -> None:
+    reporter = Reporter(None, None, 0, None)
+    assert not reporter.enabled
+    key = reporter.event("running", rank=0)
+    reporter.heartbeat(0, 1)
+    assert key and reporter.flush(0.1) and reporter.pending() == (0, 0)
+    assert reporter.close(0.1)
+    assert reporter._thread is None  # no thread, no network
+
+
+def test_events_arrive_in_order_with_the_contract_fields(receiver: Receiver) -> None:
+    reporter = make(receiver)
+    keys = [reporter.event("checkpoint_saved", rank=0, step=i, details={"step": i}) for i in range(50)]
+    assert reporter.close(10)
+    assert receiver.event_order == keys
+    event = receiver.events[keys[7]]
+    assert event["type"] == "checkpoint_saved" and event["attempt"] == 3 and event["node"] == "node-a"
+    assert event["rank"] == 0 and event["step"] == 7 and event["details"] == {"step": 7}
+    assert datetime.fromisoformat(event["ts"]).tzinfo is not None
+
+
+def test_heartbeats_are_coalesced_to_the_newest_per_rank(receiver: Receiver) -> None:
+    reporter = make(receiver, report_interval_s=0.5)
+    for step in range(1, 2001):
+        reporter.heartbeat(step % 2, step, throughput=100.0, loss=float("nan") if step == 2000 else 1.5)
+    assert reporter.close(10)
+    with receiver.lock:
+        beats = list(receiver.heartbeats)
+    assert len(beats) < 20  # 2000 enqueued, a handful sent
+    newest = {rank: max(b["step"] for b in beats if b["rank"] == rank) for rank in (0, 1)}
+    assert newest == {0: 2000, 1: 1999}
+    assert all(b["attempt"] == 3 for b in beats)
+    assert [b["loss"] for b in beats if b["step"] == 2000] == [None]  # NaN is not JSON
+
+
+def test_retries_reuse_the_key_so_a_lost_reply_is_stored_once(receiver: Receiver) -> None:
+    receiver.lose_replies = 2
+    receiver.fail_with = [503, 500, 429]
+    reporter = make(receiver)
+    keys = [reporter.event("rank_failed", rank=1, details={"n": i}) for i in range(3)]
+    assert reporter.close(15)
+    assert receiver.event_order == keys
+    assert receiver.duplicates >= 2  # the batch was sent again after each lost reply...
+    assert len(receiver.events) == 3  # ...and stored once
+    statuses = [status for path, status in receiver.requests if path.endswith("/events")]
+    assert statuses[:5] == [503, 500, 429, 503, 503] and statuses[-1] == 200
+
+
+def test_retry_after_is_honoured(receiver: Receiver) -> None:
+    receiver.fail_with = [503]
+    receiver.retry_after = "1.5"
+    reporter = make(receiver)
+    started = time.monotonic()
+    reporter.event("running", rank=0)
+    wait_for(lambda: receiver.events, 10, "the event")
+    assert time.monotonic() - started >= 1.4
+    reporter.close(5)
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 422])
+def test_refused_batches_are_dropped_not_retried_forever(
+    receiver: Receiver, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver.fail_with = [status]
+    reporter = make(receiver)
+    with caplog.at_level(logging.WARNING, logger="trainer.reporter"):
+        reporter.event("running", rank=0)
+        assert reporter.flush(5)  # dropped: nothing pending
+        reporter.event("checkpoint_saved", rank=0, step=5)
+        assert reporter.close(5)
+    assert [e["type"] for e in receiver.events.values()] == ["checkpoint_saved"]
+    assert len([s for _, s in receiver.requests if s == status]) == 1
+    assert f"HTTP {status}" in caplog.text and TOKEN not in caplog.text
+
+
+def test_wrong_token_is_refused_and_never_logged(receiver: Receiver, caplog: pytest.LogCaptureFixture) -> None:
+    secret = "wrong-secret-token-123"
+    reporter = Reporter(receiver.url, receiver.job_id, 0, secret, report_interval_s=0.05)
+    with caplog.at_level(logging.DEBUG):
+        reporter.event("running", rank=0)
+        reporter.heartbeat(0, 1)
+        assert reporter.close(5)
+    assert not receiver.events and not receiver.heartbeats
+    assert "HTTP 401" in caplog.text and secret not in caplog.text
+
+
+def test_fault_directives_in_heartbeat_replies_reach_the_callback(receiver: Receiver) -> None:
+    receiver.faults = [{"id": "f-1", "kind": "crash", "rank": 1, "at_step": None}]
+    seen: list[dict] = []
+    reporter = make(receiver, on_faults=seen.extend)
+    reporter.heartbeat(1, 3)
+    wait_for(lambda: seen, 5, "the fault directive")
+    assert seen[0] == {"id": "f-1", "kind": "crash", "rank": 1, "at_step": None}
+    reporter.close(5)
+
+
+def test_enqueue_never_waits_on_a_slow_control_plane(receiver: Receiver) -> None:
+    receiver.delay_s = 2.0  # every request takes 2 s to answer
+    reporter = make(receiver, report_interval_s=0.01)
+    took = []
+    for step in range(20000):
+        started = time.perf_counter()
+        reporter.heartbeat(0, step, throughput=1.0, loss=0.5)
+        if step % 100 == 0:
+            reporter.event("checkpoint_saved", rank=0, step=step)
+        took.append(time.perf_counter() - started)
+    # Each request takes 2 s: an enqueue that waited on one would take seconds. What remains is
+    # the interpreter's thread switching (5 ms slices) while the reporter thread encodes JSON.
+    assert max(took) < 0.05, f"an enqueue took {max(took) * 1000:.1f} ms"
+    assert statistics.mean(took) < 0.0005
+    receiver.delay_s = 0.0
+    assert reporter.close(15)
+    assert len(receiver.of_type("checkpoint_saved")) == 200
+
+
+def test_flush_is_bounded_when_the_control_plane_is_down(receiver: Receiver) -> None:
+    receiver.stop()
+    reporter = make(receiver)
+    reporter.event("fault_injected", rank=0)
+    started = time.monotonic()
+    assert reporter.flush(0.5) is False
+    assert time.monotonic() - started < 1.5
+    assert reporter.pending() == (1, 0)
+    receiver.start()
+    assert reporter.close(10)
+    assert receiver.types() == ["fault_injected"]
+
+
+@pytest.mark.slow
+def test_no_event_lost_and_no_step_blocked_across_a_30s_outage(
+    receiver: Receiver, launch: Callable[..., Job], tmp_path: Path
+) -> None:
+    """A 2-rank job under ft_launcher; the control plane goes down for 30 s in the middle of it."""
+    steps, delay, interval, outage_s = 300, 0.08, 20, 30.0
+    metrics = tmp_path / "metrics-{rank}.jsonl"
+    env = trainer_env(receiver, tmp_path / "ckpt", extra={"FTPLANE_CHECKPOINT_INTERVAL": str(interval)})
+    args = [
+        "--model",
+        "tiny",
+        "--steps",
+        str(steps),
+        "--step-delay-s",
+        str(delay),
+        "--metrics-file",
+        str(metrics),
+    ]
+    job = launch(launcher_command(args, max_restarts=0), env)
+
+    wait_for(lambda: receiver.max_step(0) >= 30 and receiver.max_step(1) >= 30, 90, "both ranks at step 30")
+    receiver.stop()
+    down, down_wall = time.monotonic(), time.time()
+    time.sleep(outage_s)  # the outage itself is the thing under test
+    receiver.start()
+    up_wall = time.time()
+    assert job.wait(120) == 0, job.tail()
+
+    # Every event arrives, once, in order; those queued during the outage arrive after it.
+    saved = receiver.of_type("checkpoint_saved")
+    assert [e["step"] for e in saved] == sorted({*range(interval, steps + 1, interval), steps})
+    during = [e for e in saved if down_wall < datetime.fromisoformat(e["ts"]).timestamp() < up_wall]
+    assert len(during) >= 5, "the outage should have covered several checkpoints"
+    assert all(e["received"] > down + outage_s for e in during)
+    with receiver.lock:
+        keys = list(receiver.event_order)
+        events = [receiver.events[k] for k in keys]
+    for rank in (0, 1):
+        stamps = [e["ts"] for e in events if e["rank"] == rank]
+        assert stamps == sorted(stamps), f"rank {rank}'s events arrived out of order"
+    assert {e["rank"] for e in receiver.of_type("running")} == {0, 1}
+
+    # Heartbeats resumed and caught up; during the outage only the newest one per rank was kept.
+    assert receiver.max_step(0) == receiver.max_step(1) == steps
+
+    # Training never waited on the control plane.
+    for rank in (0, 1):
+        rows = [json.loads(line) for line in Path(str(metrics).replace("{rank}", str(rank))).read_text().splitlines()]
+        outage = [r for r in rows if down_wall < r["t"] < up_wall]
+        assert len(outage) > outage_s / delay / 2
+        # Enqueueing a heartbeat takes microseconds; waiting on the network would take seconds
+        # (connect timeout, backoff). The bound leaves room for a busy 2-core machine's scheduler.
+        assert max(r["enqueue_s"] for r in outage) < 0.05
+        assert max(r["step_s"] for r in outage) < delay + 0.5
+        before = sorted(r["step_s"] for r in rows if r["t"] < down_wall)[5:]
+        assert statistics.median(r["step_s"] for r in outage) < statistics.median(before) * 1.5
+    assert TOKEN not in job.log()
