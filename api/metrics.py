@@ -145,20 +145,30 @@ _zero_series()
 class DatabaseCollector(Collector):
     """Gauges computed from the database at scrape time."""
 
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("ftplane_jobs", "Jobs by status.", labels=["status"]),
+            GaugeMetricFamily(
+                "ftplane_webhook_outbox",
+                "Webhook deliveries by status (pending: the backlog).",
+                labels=["status"],
+            ),
+            GaugeMetricFamily(
+                "ftplane_job_goodput_ratio",
+                "Effective training time ratio (productive / wall) of running and recently finished jobs.",
+                labels=["job_id", "job"],
+            ),
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        """Names only: registering the collector must not read the database."""
+        yield from self._families()
+
     def collect(self) -> Iterator[Metric]:
         from api.core.db import get_sessionmaker
 
-        jobs = GaugeMetricFamily("ftplane_jobs", "Jobs by status.", labels=["status"])
-        outbox = GaugeMetricFamily(
-            "ftplane_webhook_outbox",
-            "Webhook deliveries by status (pending: the backlog).",
-            labels=["status"],
-        )
-        goodput = GaugeMetricFamily(
-            "ftplane_job_goodput_ratio",
-            "Effective training time ratio (productive / wall) of running and recently finished jobs.",
-            labels=["job_id", "job"],
-        )
+        jobs, outbox, goodput = self._families()
         try:
             with get_sessionmaker()() as session:
                 by_status = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())

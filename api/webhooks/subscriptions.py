@@ -6,7 +6,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from api.core.security import new_id
-from api.database.tables import Event, Job, WebhookSubscription
+from api.database.tables import Event, Job, WebhookDelivery, WebhookSubscription
 from api.schemas.events import utcnow
 from api.webhooks import targets
 from api.webhooks.messages import new_secret
@@ -42,8 +42,6 @@ def get(session: Session, subscription_id: str) -> WebhookSubscription | None:
 
 def remove(session: Session, subscription_id: str) -> bool:
     """Delete the subscription and its delivery log; pending deliveries are dropped."""
-    from api.database.tables import WebhookDelivery
-
     session.execute(delete(WebhookDelivery).where(WebhookDelivery.subscription_id == subscription_id))
     result = session.execute(delete(WebhookSubscription).where(WebhookSubscription.id == subscription_id))
     return bool(result.rowcount)  # type: ignore[attr-defined]

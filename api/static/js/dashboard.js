@@ -62,12 +62,13 @@
         width: Math.max(300, el.clientWidth),
         height: 220,
         scales: { x: { time: true } },
+        tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"), // UTC, like the rest of the page
         legend: { show: true },
         series: [
-          { label: "time (local)" },
+          { label: "time (UTC)" },
           { label: "step", stroke: "#2563eb", width: 1.5, spanGaps: true, points: { show: true, size: 5 } },
         ],
-        axes: [{}, { label: "step", size: 60 }],
+        axes: [{ space: 90 }, { label: "step", size: 60 }],
         hooks: { draw: [drawRestarts] },
       },
       aligned,

@@ -1,0 +1,156 @@
+"""The dashboard's pages and partials over HTTP: login cookie, redirects, what each page shows."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.deps import SESSION_COOKIE
+from tests.dashboard.scenario import job_with_restarts
+
+
+@pytest.fixture
+def browser(client: TestClient) -> TestClient:
+    """The TestClient as a browser: no Authorization header, cookies kept, redirects not followed."""
+    client.headers.pop("Authorization", None)
+    client.follow_redirects = False
+    return client
+
+
+def log_in(client: TestClient, token: str) -> None:
+    response = client.post("/login", data={"token": token, "next": "/"})
+    assert response.status_code == 303, response.text
+    assert response.headers["location"] == "/"
+
+
+def test_pages_redirect_to_login_without_a_session(browser: TestClient) -> None:
+    for path in ("/", "/jobs/abc", "/?status=RUNNING"):
+        response = browser.get(path)
+        assert response.status_code == 303, path
+        assert response.headers["location"].startswith("/login?next=/")
+    partial = browser.get("/ui/jobs")
+    assert partial.status_code == 401 and partial.headers["hx-redirect"] == "/login?next=/ui/jobs"
+    assert browser.get("/login").status_code == 200
+
+
+def test_login_sets_an_http_only_strict_cookie_and_logout_clears_it(browser: TestClient, admin_token: str) -> None:
+    response = browser.post("/login", data={"token": admin_token, "next": "/jobs/x"})
+    assert response.status_code == 303 and response.headers["location"] == "/jobs/x"
+    cookie = response.headers["set-cookie"]
+    assert cookie.startswith(f"{SESSION_COOKIE}=")
+    for attribute in ("HttpOnly", "SameSite=strict", "Path=/", "Max-Age="):
+        assert attribute.lower() in cookie.lower(), cookie
+    assert "secure" not in cookie.lower()  # plain http here; set on https
+    assert browser.get("/").status_code == 200
+    assert browser.get("/v1/jobs").status_code == 200  # the API takes the same cookie
+
+    response = browser.post("/logout")
+    assert response.status_code == 303 and response.headers["location"] == "/login"
+    assert f'{SESSION_COOKIE}=""' in response.headers["set-cookie"] or "Max-Age=0" in response.headers["set-cookie"]
+    assert browser.get("/").status_code == 303
+
+
+def test_login_refuses_wrong_and_trainer_tokens(browser: TestClient, make_job: Callable[..., dict[str, Any]]) -> None:
+    for token in ("", "ftp_admin_nope", make_job()["token"]):
+        response = browser.post("/login", data={"token": token})
+        assert response.status_code == 401
+        assert "not a valid admin token" in response.text
+        assert "set-cookie" not in response.headers
+
+
+def test_login_only_redirects_inside_the_site(browser: TestClient, admin_token: str) -> None:
+    for target in ("//evil.example/x", "https://evil.example/", "\\\\evil.example", "javascript:alert(1)"):
+        response = browser.post("/login", data={"token": admin_token, "next": target})
+        assert response.headers["location"] == "/", target
+
+
+def test_jobs_page_lists_status_and_restarts_by_rung(browser: TestClient, admin: TestClient, admin_token: str) -> None:
+    job = job_with_restarts(admin)
+    browser.headers.pop("Authorization", None)
+    log_in(browser, admin_token)
+    page = browser.get("/")
+    assert page.status_code == 200
+    for header, value in (
+        ("content-security-policy", "script-src 'self'"),
+        ("x-frame-options", "DENY"),
+        ("cache-control", "no-store"),
+    ):
+        assert value in page.headers[header]
+    html = page.text
+    assert f'data-job-id="{job["id"]}"' in html and "llama-fsdp" in html and "RECOVERING" in html
+    assert 'data-rung="inprocess_restart">1<' in html and 'data-rung="injob_restart">1<' in html
+    assert 'data-rung="job_restart">0<' in html
+    assert "/static/vendor/htmx.min.js" in html and 'hx-trigger="every 2s"' in html
+    assert "cdn" not in html.lower()
+    assert "goodput-slot" in html and "n/a" in html
+    rows = browser.get("/ui/jobs?status=RECOVERING")
+    assert rows.status_code == 200 and job["id"] in rows.text
+    assert job["id"] not in browser.get("/ui/jobs?status=SUCCEEDED").text
+
+
+def test_job_page_shows_timeline_checkpoints_and_stale_ranks(
+    browser: TestClient, admin: TestClient, admin_token: str
+) -> None:
+    job = job_with_restarts(admin)
+    browser.headers.pop("Authorization", None)
+    log_in(browser, admin_token)
+    html = browser.get(f"/jobs/{job['id']}").text
+    assert len(re.findall(r'class="mark mark-\w+_restart restart"', html)) == 2
+    assert html.count('class="restart-rule"') == 2
+    assert "rank 1: RuntimeError: injected exception" in html  # the cause, on hover and in the list
+    assert html.count('class="rank stale"') == 1 and 'class="rank unseen"' in html
+    assert "420 ms" in html and "3.5 s" in html and "700.0 MiB" in html  # checkpoint at step 100
+    assert 'hx-get="/ui/jobs/' in html and 'hx-preserve="true"' in html
+    live = browser.get(f"/ui/jobs/{job['id']}/live")
+    assert live.status_code == 200 and "<html" not in live.text and "progress-data" in live.text
+    assert browser.get("/jobs/nope").status_code == 404
+
+
+def test_a_finished_job_stops_the_polling(
+    browser: TestClient, admin: TestClient, admin_token: str, make_job: Callable[..., dict[str, Any]]
+) -> None:
+    job = make_job()
+    admin.post(f"/v1/jobs/{job['id']}/cancel")
+    browser.headers.pop("Authorization", None)
+    log_in(browser, admin_token)
+    assert browser.get(f"/ui/jobs/{job['id']}/live").status_code == 286  # htmx: stop polling
+    assert "hx-trigger" not in browser.get(f"/jobs/{job['id']}").text.split('id="live"')[1].split(">")[0]
+
+
+def test_goodput_slot_renders_when_the_goodput_service_exists(
+    browser: TestClient, admin: TestClient, admin_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = types.ModuleType("api.services.goodput")
+
+    def job_goodput(session: Any, job: Any) -> dict[str, Any]:
+        return {"wall_s": 100.0, "productive_s": 80.0, "ettr": 0.8, "lost_s": {"restart": 15.0, "checkpoint": 5.0}}
+
+    fake.job_goodput = job_goodput  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "api.services.goodput", fake)
+    job = job_with_restarts(admin)
+    browser.headers.pop("Authorization", None)
+    log_in(browser, admin_token)
+    assert "80.0 %" in browser.get("/").text
+    html = browser.get(f"/jobs/{job['id']}").text
+    assert "ETTR <strong>80.0 %" in html
+    assert html.count('class="seg ') == 3 and "restart: 15.0 s" in html and "checkpoint: 5.0 s" in html
+
+
+def test_static_assets_are_vendored(browser: TestClient) -> None:
+    for path in ("vendor/htmx.min.js", "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css", "js/dashboard.js"):
+        response = browser.get(f"/static/{path}")
+        assert response.status_code == 200 and len(response.content) > 500, path
+
+
+def test_auth_disabled_needs_no_login(monkeypatch: pytest.MonkeyPatch, browser: TestClient) -> None:
+    from api.core.config import get_settings
+
+    monkeypatch.setenv("FTPLANE_AUTH", "disabled")
+    get_settings.cache_clear()
+    assert browser.get("/").status_code == 200
