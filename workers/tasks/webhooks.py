@@ -45,9 +45,7 @@ def deliver_webhook(delivery_id: str) -> str:
     code = result.status_code if result else None
     error = refused or (result.error if result else None)
     if outcome.status == outbox.DELIVERED:
-        log.info(
-            "webhook %s delivered to subscription %s (HTTP %s)", delivery_id, claim.subscription_id, code
-        )
+        log.info("webhook %s delivered to subscription %s (HTTP %s)", delivery_id, claim.subscription_id, code)
     else:
         log.warning(
             "webhook %s to subscription %s: try %d %s (%s)%s",

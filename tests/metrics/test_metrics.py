@@ -1,0 +1,219 @@
+"""`/metrics`: jobs by status from the database, restarts by rung and cause, hangs, heartbeats,
+checkpoint blocking, webhook deliveries, goodput; and the Grafana dashboard uses those names."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.metrics import cause_class
+from tests.webhooks.support import Receiver, post_events, start
+
+REPO = Path(__file__).resolve().parents[2]
+GRAFANA = REPO / "deploy" / "grafana" / "ftplane.json"
+
+
+def scrape(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics", headers={"Authorization": ""})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.mark.parametrize(
+    ("cause", "kind"),
+    [
+        ("exit code 137", "crash"),
+        ("worker killed by signal SIGKILL", "crash"),
+        ("CUDA out of memory", "crash"),
+        ("node ip-10-0-0-7 lost: pod deleted by an injected node_loss fault", "node"),
+        ("pod evicted on node x: low memory", "node"),
+        ("pod evicted: the node ran out of disk", "node"),
+        ("no heartbeat for 31.2 s (timeout 30 s) at step 240", "hang"),
+        ("hang not recovered in-job: 1 rank(s) silent for up to 61 s", "hang"),
+        ("rank 1: RuntimeError: injected exception", "exception"),
+        ("launch failed: ApiException: forbidden", "exception"),
+        ("launch of attempt 2 refused", "launch"),
+        ("worker group failed", "other"),
+        ("", "unknown"),
+        (None, "unknown"),
+        (42, "unknown"),
+    ],
+)
+def test_causes_are_bucketed_into_a_bounded_set(cause: Any, kind: str) -> None:
+    assert cause_class(cause) == kind
+
+
+def test_metrics_need_no_token_and_count_jobs_by_status(
+    admin: TestClient, make_job: Callable[..., dict[str, Any]]
+) -> None:
+    make_job()
+    cancelled = make_job()
+    admin.post(f"/v1/jobs/{cancelled['id']}/cancel")
+    samples = scrape(admin)
+    assert value(samples, "ftplane_jobs", status="PENDING") == 1
+    assert value(samples, "ftplane_jobs", status="CANCELLED") == 1
+    assert ("ftplane_jobs", (("status", "RUNNING"),)) in samples  # every status, zeros included
+
+
+def test_restarts_hangs_checkpoints_and_heartbeats_are_counted_once(
+    admin: TestClient, make_job: Callable[..., dict[str, Any]]
+) -> None:
+    job = make_job()
+    start(job)
+    before = scrape(admin)
+    events = [
+        {"key": "1", "type": "injob_restart", "details": {"cause": "exit code 137"}},
+        {"key": "2", "type": "injob_restart", "details": {"cause": "exit code 1"}},
+        {"key": "3", "type": "job_restart", "details": {"cause": "node n1 lost"}},
+        {"key": "4", "type": "inprocess_restart"},
+        {"key": "5", "type": "hang_detected", "details": {"cause": "no heartbeat for 31 s"}},
+        {"key": "6", "type": "checkpoint_saved", "details": {"blocking_s": 0.25, "total_s": 3}},
+        {"key": "7", "type": "checkpoint_saved", "details": {"blocking_s": "n/a"}},
+    ]
+    post_events(admin, job, *events)
+    post_events(admin, job, *events)  # a resend counts nothing
+    beats = [{"rank": r, "step": 10} for r in range(3)]
+    response = admin.post(
+        f"/v1/jobs/{job['id']}/heartbeats",
+        json={"heartbeats": beats},
+        headers={"Authorization": f"Bearer {job['token']}"},
+    )
+    assert response.status_code == 200
+    after = scrape(admin)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("ftplane_restarts_total", rung="injob", cause="crash") == 2
+    assert delta("ftplane_restarts_total", rung="job", cause="node") == 1
+    assert delta("ftplane_restarts_total", rung="inprocess", cause="unknown") == 1
+    assert delta("ftplane_hangs_detected_total") == 1
+    assert delta("ftplane_checkpoint_blocking_seconds_count") == 1
+    assert delta("ftplane_checkpoint_blocking_seconds_sum") == pytest.approx(0.25)
+    assert delta("ftplane_checkpoint_blocking_seconds_bucket", le="0.25") == 1
+    assert delta("ftplane_heartbeats_total") == 3
+    labels = {dict(k[1]).get("cause") for k in after if k[0] == "ftplane_restarts_total"}
+    assert labels <= {"crash", "node", "hang", "exception", "launch", "other", "unknown"}
+
+
+def test_events_rolled_back_are_not_counted(admin: TestClient, make_job: Callable[..., dict[str, Any]]) -> None:
+    from api.core.db import session_scope
+    from api.models import jobs as job_store
+    from api.schemas.events import EventBatch, EventIn, EventType
+    from api.services import reporting
+
+    job_id = make_job()["id"]
+    before = scrape(admin)
+    with pytest.raises(RuntimeError), session_scope() as session:
+        job = job_store.get(session, job_id)
+        assert job is not None
+        batch = EventBatch(events=[EventIn(key="x", type=EventType.job_restart, details={"cause": "exit code 2"})])
+        reporting.ingest_events(session, job, batch)
+        raise RuntimeError("rolled back")
+    after = scrape(admin)
+    assert value(after, "ftplane_restarts_total", rung="job", cause="crash") == value(
+        before, "ftplane_restarts_total", rung="job", cause="crash"
+    )
+
+
+def test_webhook_deliveries_by_outcome_and_outbox_backlog(
+    admin: TestClient,
+    receiver: Receiver,
+    make_job: Callable[..., dict[str, Any]],
+    enqueued: list[tuple[str, float | None]],
+) -> None:
+    from workers.tasks.webhooks import deliver_webhook
+
+    receiver.script["/down"] = [500]
+    admin.post("/v1/webhooks", json={"url": receiver.url + "/up"})
+    admin.post("/v1/webhooks", json={"url": receiver.url + "/down"})
+    before = scrape(admin)
+    post_events(admin, make_job(), {"key": "1", "type": "job_restart"})
+    for delivery_id, _ in list(enqueued):
+        deliver_webhook(delivery_id)
+    after = scrape(admin)
+    outcome = "ftplane_webhook_deliveries_total"
+    assert value(after, outcome, outcome="delivered") - value(before, outcome, outcome="delivered") == 1
+    assert value(after, outcome, outcome="retrying") - value(before, outcome, outcome="retrying") == 1
+    assert value(after, "ftplane_webhook_outbox", status="pending") == 1
+    assert value(after, "ftplane_webhook_outbox", status="delivered") == 1
+
+
+def test_goodput_gauge_when_the_goodput_service_exists(
+    admin: TestClient, make_job: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not any(k[0] == "ftplane_job_goodput_ratio" for k in scrape(admin))
+    fake = types.ModuleType("api.services.goodput")
+    fake.job_goodput = lambda session, job: {"wall_s": 50.0, "productive_s": 45.0}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "api.services.goodput", fake)
+    job = make_job(name="measured")
+    start(job)
+    assert value(scrape(admin), "ftplane_job_goodput_ratio", job_id=job["id"], job="measured") == pytest.approx(0.9)
+
+
+def test_multiprocess_mode_sums_every_process(tmp_path: Path) -> None:
+    """With PROMETHEUS_MULTIPROC_DIR, the API's /metrics includes what worker processes counted."""
+    shared = tmp_path / "prom"
+    shared.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(shared), "FTPLANE_DATA_DIR": str(tmp_path / "state")}
+    count = "from api import metrics; metrics.heartbeats_ingested(5); metrics.webhook_delivery('failed')"
+    for _ in range(2):  # two "worker" processes
+        subprocess.run([sys.executable, "-c", count], env=env, cwd=REPO, check=True, timeout=60)
+    show = textwrap.dedent(
+        """
+        from api.core.db import upgrade_to_head
+        upgrade_to_head()
+        from api import metrics
+        print(metrics.scrape().decode())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", show], env=env, cwd=REPO, check=True, timeout=60, capture_output=True, text=True
+    ).stdout
+    assert re.search(r"^ftplane_heartbeats_total 10\.0$", out, re.M), out
+    assert re.search(r'^ftplane_webhook_deliveries_total\{outcome="failed"\} 2\.0$', out, re.M), out
+    assert re.search(r'^ftplane_jobs\{status="RUNNING"\} 0\.0$', out, re.M), out
+
+
+def test_grafana_dashboard_uses_only_metrics_that_exist(admin: TestClient) -> None:
+    dashboard = json.loads(GRAFANA.read_text())
+    assert dashboard["title"] and dashboard["panels"]
+    exposed = {name for name, _ in scrape(admin)}
+    exposed |= {"ftplane_job_goodput_ratio"}  # only present with the goodput service
+    expressions = [
+        target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", []) if "expr" in target
+    ]
+    assert len(expressions) >= 8
+    used = {name for expr in expressions for name in re.findall(r"\bftplane_[a-z_]+", expr)}
+    assert used - exposed == set(), f"the dashboard queries metrics /metrics does not serve: {used - exposed}"
+    for wanted in (
+        "ftplane_jobs",
+        "ftplane_restarts_total",
+        "ftplane_hangs_detected_total",
+        "ftplane_heartbeats_total",
+        "ftplane_webhook_deliveries_total",
+        "ftplane_checkpoint_blocking_seconds_bucket",
+        "ftplane_job_goodput_ratio",
+    ):
+        assert wanted in used, wanted
