@@ -90,6 +90,7 @@ class FaultInjector:
         ]
         self._directives: list[PlannedFault] = []
         self._seen_directives: set[str] = set()
+        self._settled: set[str] = set()  # spec faults considered at their step by this process
         self._lock = threading.Lock()
 
     def add_directives(self, directives: list[dict[str, Any]]) -> None:
@@ -112,14 +113,26 @@ class FaultInjector:
                 log.info("fault directive %s: %s on rank %d at step %s", fault_id, kind, rank, at_step)
 
     def before_step(self, step: int) -> None:
-        """Called by the rank just before it runs step `step` (0-based); may not return."""
-        with self._lock:
-            due = [f for f in self._planned if f.at_step == step]
-            due += [f for f in self._directives if f.at_step is None or f.at_step <= step]
-            self._directives = [f for f in self._directives if f not in due]
-        for fault in due:
+        """Called by the rank just before it runs step `step` (0-based); may not return.
+
+        Faults due at the same step fire one at a time: the first one ends the step (and the
+        process or the iteration), the next fires when the step is run again.
+        """
+        while (fault := self._next_due(step)) is not None:
             if self._claim(fault, step):
                 self._fire(fault, step)
+
+    def _next_due(self, step: int) -> PlannedFault | None:
+        with self._lock:
+            for fault in self._planned:
+                if fault.at_step == step and fault.fault_id not in self._settled:
+                    self._settled.add(fault.fault_id)
+                    return fault
+            for fault in self._directives:
+                if fault.at_step is None or fault.at_step <= step:
+                    self._directives.remove(fault)
+                    return fault
+        return None
 
     def _marker(self, fault: PlannedFault) -> Path:
         return self.markers / f"{_safe(self.job_id)}.{_safe(fault.fault_id)}"

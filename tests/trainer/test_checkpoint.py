@@ -1,0 +1,164 @@
+"""Checkpoint engines on a one-rank gloo group: what is complete, what is kept, and that a save/load
+round trip restores model and optimizer exactly."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from tests.trainer.conftest import free_port
+from trainer.checkpoint import (
+    COMPLETE_MARKER,
+    Checkpointer,
+    latest_complete,
+    list_checkpoints,
+    rotate,
+    step_dir,
+)
+from trainer.config import MODEL_PRESETS
+from trainer.model import Transformer, synthetic_batch
+
+
+def fake_checkpoint(root: Path, step: int, *, marker: bool = True, metadata: bool = True) -> Path:
+    path = step_dir(root, step)
+    path.mkdir(parents=True)
+    (path / "__0_0.distcp").write_bytes(b"x" * 10)
+    if metadata:
+        (path / ".metadata").write_bytes(b"m")
+    if marker:
+        (path / COMPLETE_MARKER).write_text("{}")
+    return path
+
+
+def test_only_checkpoints_with_marker_and_metadata_are_complete(tmp_path: Path) -> None:
+    fake_checkpoint(tmp_path, 10)
+    fake_checkpoint(tmp_path, 20, marker=False)  # a rank died mid-save
+    fake_checkpoint(tmp_path, 30, metadata=False)  # never finished (cannot happen with our marker, still refused)
+    (tmp_path / "step-notanumber").mkdir()
+    (tmp_path / "step-00000040").write_text("a file, not a checkpoint")
+    assert [(c.step, c.complete) for c in list_checkpoints(tmp_path)] == [(10, True), (20, False), (30, False)]
+    latest = latest_complete(tmp_path)
+    assert latest is not None and latest.step == 10
+    assert latest_complete(tmp_path / "missing") is None
+
+
+def test_rotation_keeps_the_newest_complete_and_in_progress_ones(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        fake_checkpoint(tmp_path, step)
+    fake_checkpoint(tmp_path, 25, marker=False)  # dead: older than the newest complete one
+    fake_checkpoint(tmp_path, 50, marker=False)  # maybe still being written
+    deleted = rotate(tmp_path, keep=2)
+    assert sorted(p.name for p in deleted) == ["step-00000010", "step-00000020", "step-00000025"]
+    assert [(c.step, c.complete) for c in list_checkpoints(tmp_path)] == [(30, True), (40, True), (50, False)]
+
+
+class Events:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def event(self, type: str, **kwargs: Any) -> str:
+        self.events.append((type, kwargs))
+        return "k"
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = Transformer(MODEL_PRESETS["tiny"])
+    mesh = init_device_mesh("cpu", (1,))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        inputs, targets = synthetic_batch(
+            MODEL_PRESETS["tiny"], batch_size=2, seed=1, step=step, dp_rank=0, device=torch.device("cpu")
+        )
+        loss = torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    out = {f"p.{k}": v.full_tensor().clone() for k, v in model.state_dict().items()}
+    for i, state in enumerate(optimizer.state.values()):
+        for k, v in state.items():
+            out[f"o.{i}.{k}"] = v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone()
+    return out
+
+
+@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize("engine", ["sync", "async"])
+def test_save_then_load_restores_model_and_optimizer(tmp_path: Path, engine: str) -> None:
+    events = Events()
+    model, optimizer = build()
+    ckpt = Checkpointer(
+        tmp_path, engine=engine, interval=3, keep=1, rank=0, reporter=events, device=torch.device("cpu")
+    )  # type: ignore[arg-type]
+    train_steps(model, optimizer, range(3))
+    assert ckpt.due(3) and not ckpt.due(4)
+    ckpt.save(3, model, optimizer)
+    saved = snapshot(model, optimizer)
+    train_steps(model, optimizer, range(3, 5))  # training goes on while an async save is in flight
+    ckpt.wait()
+    assert snapshot(model, optimizer)["p.output.weight"].ne(saved["p.output.weight"]).any()
+
+    marker = json.loads((step_dir(tmp_path, 3) / COMPLETE_MARKER).read_text())
+    assert marker["step"] == 3 and marker["engine"] == engine and marker["bytes"] > 100_000
+    [(kind, details)] = [(t, kw["details"]) for t, kw in events.events]
+    assert kind == "checkpoint_saved" and details["step"] == 3 and details["engine"] == engine
+    assert 0 <= details["blocking_s"] <= details["total_s"] and details["bytes"] == marker["bytes"]
+
+    fresh_model, fresh_optimizer = build()
+    loader = Checkpointer(
+        tmp_path, engine=engine, interval=3, keep=1, rank=0, reporter=events, device=torch.device("cpu")
+    )  # type: ignore[arg-type]
+    assert loader.load_latest(fresh_model, fresh_optimizer) == 3
+    restored = snapshot(fresh_model, fresh_optimizer)
+    assert restored.keys() == saved.keys()
+    assert all(torch.equal(restored[k], saved[k]) for k in saved)
+    assert events.events[-1][0] == "checkpoint_loaded" and events.events[-1][1]["details"]["step"] == 3
+    ckpt.close()
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_torn_checkpoints_are_skipped_and_newer_ones_cleared(tmp_path: Path) -> None:
+    events = Events()
+    model, optimizer = build()
+    ckpt = Checkpointer(
+        tmp_path, engine="sync", interval=2, keep=3, rank=0, reporter=events, device=torch.device("cpu")
+    )  # type: ignore[arg-type]
+    ckpt.save(2, model, optimizer)
+    torn = fake_checkpoint(tmp_path, 4, marker=False)
+    assert ckpt.load_latest(*build()) == 2
+    assert not torn.exists()  # it would otherwise be written into again at step 4
+
+
+def test_engine_none_reads_and_writes_nothing(tmp_path: Path) -> None:
+    fake_checkpoint(tmp_path, 10)
+    ckpt = Checkpointer(
+        tmp_path, engine="none", interval=1, keep=1, rank=0, reporter=Events(), device=torch.device("cpu")
+    )  # type: ignore[arg-type]
+    assert not ckpt.enabled and not ckpt.due(1)
+    model = torch.nn.Linear(2, 2)
+    assert ckpt.load_latest(model, torch.optim.SGD(model.parameters())) == 0

@@ -1,0 +1,119 @@
+"""The NVRx integration points that do not need a launcher: version guards, restart budget, causes."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from nvidia_resiliency_ext import inprocess
+from nvidia_resiliency_ext.inprocess import param_utils
+from nvidia_resiliency_ext.inprocess.state import State
+
+from tests.trainer.conftest import free_port
+from trainer import nvrx
+from trainer.config import parse_config
+from trainer.distributed import Placement
+
+
+def placement(port: int = 29500) -> Placement:
+    return Placement(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        master_addr="10.1.2.3",
+        master_port=port,
+        restart_count=0,
+        device=torch.device("cpu"),
+        backend="gloo",
+        collective_timeout_s=10,
+    )
+
+
+class FailingGpuCheck(inprocess.health_check.HealthCheck):
+    def __call__(self, state):  # noqa: ANN001, ANN204
+        raise RuntimeError("NVML Shared Library Not Found")
+
+
+def test_newer_nvrx_gpu_health_checks_are_replaced_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVRx >= 0.5 appends NVML-based checks to `restart_health_check` when LOCAL_RANK is set."""
+    built: list[inprocess.Wrapper] = []
+
+    class NewerWrapper(inprocess.Wrapper):
+        def __init__(self, **kwargs):  # noqa: ANN003, ANN204
+            super().__init__(**kwargs)
+            self.restart_health_check = inprocess.Compose(kwargs["health_check"], FailingGpuCheck())
+            built.append(self)
+
+    monkeypatch.setattr(nvrx.inprocess, "Wrapper", NewerWrapper)
+    cfg = parse_config(["--inprocess", "1", "--inprocess-max-iterations", "3"], {})
+    nvrx.wrap_inprocess(lambda iteration: None, cfg, placement())
+    [wrapper] = built
+    assert isinstance(wrapper.restart_health_check, nvrx.RestartBudget)
+    assert wrapper.restart_health_check.max_iterations == 3
+    # Its own store: explicit host (not MASTER_ADDR) and a port of its own next to the process group's.
+    assert wrapper.store_kwargs == {"host_name": "10.1.2.3", "port": 29501}
+    assert wrapper.soft_timeout == datetime.timedelta(seconds=60)
+
+
+def test_the_wrapped_function_receives_the_call_wrapper() -> None:
+    cfg = parse_config(["--inprocess", "1"], {})
+    run = nvrx.wrap_inprocess(lambda iteration: None, cfg, placement())
+    sentinel = object.__new__(inprocess.CallWrapper)
+    args, kwargs = param_utils.substitute_param_value(run.__wrapped__, (), {}, {inprocess.CallWrapper: sentinel})
+    assert sentinel in (*args, *kwargs.values())
+
+
+def test_restart_budget() -> None:
+    budget = nvrx.RestartBudget(max_iterations=2)
+    state = State(rank=0, world_size=2)
+    for iteration in (0, 1):
+        state.iteration, state.fn_exception = iteration, RuntimeError("x")
+        assert budget(state.freeze()) is not None
+    state.iteration = 2
+    with pytest.raises(RuntimeError, match="in-process restart budget spent"):
+        budget(state.freeze())
+    state.fn_exception = None  # the check before an iteration starts never refuses
+    assert budget(state.freeze()) is not None
+
+
+def test_restart_causes_first_writer_wins() -> None:
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=10))
+    causes = nvrx.RestartCauses(store, restart_count=0)
+    assert causes.first(0) is None
+    assert causes.record(0, 1, "InjectedFault: boom") == (True, "rank 1: InjectedFault: boom")
+    assert causes.record(0, 0, "RuntimeError: timed out") == (False, "rank 1: InjectedFault: boom")
+    assert causes.first(0) == "rank 1: InjectedFault: boom"
+    assert causes.first(1) is None
+
+
+def test_heartbeats_are_a_no_op_outside_ft_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(nvrx.FT_RANK_MONITOR_ENV, raising=False)
+    client = nvrx.HeartbeatClient()
+    client.connect()
+    client.beat()
+    assert not client.enabled and not client.connected
+
+
+def test_a_missing_rank_monitor_does_not_stop_training(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(nvrx.FT_RANK_MONITOR_ENV, str(tmp_path / "no-such.socket"))
+    monkeypatch.setenv("RANK", "0")
+    client = nvrx.HeartbeatClient()
+    client.connect()  # logs an error
+    client.beat()
+    assert client.enabled and not client.connected
+
+
+def test_async_writer_refuses_the_cpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        nvrx.NvrxAsyncSaver()
+
+
+def test_restart_signals_are_recognised() -> None:
+    from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
+
+    assert nvrx.is_restart_signal(RankShouldRestart("x")) and not nvrx.is_restart_signal(RuntimeError("x"))
