@@ -74,7 +74,10 @@ def _safe_next(target: str | None) -> str:
 
 def _page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
     response = templates.TemplateResponse(
-        request, name, {"auth_enabled": get_settings().auth_enabled, **context}, status_code=status_code
+        request,
+        name,
+        {"logged_in": get_settings().auth_enabled and bool(request.cookies.get(SESSION_COOKIE)), **context},
+        status_code=status_code,
     )
     response.headers.update(SECURITY_HEADERS)
     return response

@@ -47,9 +47,9 @@ MAX_RETRY_S = 3600.0
 MAX_ATTEMPTS = 18
 # Retries due within this long are scheduled as a delayed task; later ones are left to the sweep.
 COUNTDOWN_MAX_S = 300.0
-# The sweep re-enqueues deliveries overdue by this much (their own task should have run by then).
+# The sweep (beat, every 10 s: workers/celery_app.py) re-enqueues deliveries overdue by this much
+# (their own task should have run by then).
 SWEEP_GRACE_S = 15.0
-SWEEP_INTERVAL_S = 10.0
 SWEEP_BATCH = 500
 # A task may run this early (countdown and clock granularity).
 CLAIM_TOLERANCE_S = 2.0

@@ -11,7 +11,9 @@ not followed and every phase of the request has a timeout.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
+from contextvars import ContextVar
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -20,6 +22,17 @@ import httpx
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 MAX_ERROR_BODY = 200
+
+# A target URL can be a secret itself (Slack's are): keep httpx from logging it with each request.
+_posting: ContextVar[bool] = ContextVar("ftplane_webhook_posting", default=False)
+
+
+class _HideWebhookRequests(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _posting.get()
+
+
+logging.getLogger("httpx").addFilter(_HideWebhookRequests())
 
 
 class TargetRefused(Exception):
@@ -124,10 +137,21 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout_s: float, al
         addresses = check(target, allow_private=allow_private)
     except TargetUnresolvable as exc:
         return PostResult(None, str(exc))
-    request_url = httpx.URL(url)
+    token = _posting.set(True)
+    try:
+        return _post_pinned(target, addresses, body, headers, timeout_s)
+    finally:
+        _posting.reset(token)
+
+
+def _post_pinned(
+    target: Target, addresses: list[IpAddress], body: bytes, headers: dict[str, str], timeout_s: float
+) -> PostResult:
+    """Connect to each checked address in turn (the next only when one refuses the connection)."""
+    request_url = httpx.URL(target.url)
     host_header = request_url.netloc.decode("ascii")
-    timeout = httpx.Timeout(timeout_s)
     error = "no address to connect to"
+    timeout = httpx.Timeout(timeout_s)
     with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
         for address in addresses[:4]:
             pinned = request_url.copy_with(host=str(address))

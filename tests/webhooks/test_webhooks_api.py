@@ -128,7 +128,7 @@ def test_redeliver_unknown_delivery_is_404(admin: TestClient, receiver: Receiver
     assert admin.post("/v1/webhooks/nope/deliveries/msg_nope/redeliver").status_code == 404
 
 
-def test_the_secret_never_reaches_the_logs(
+def test_neither_secret_nor_target_url_reaches_the_logs(
     admin: TestClient,
     receiver: Receiver,
     make_job: Callable[..., dict[str, Any]],
@@ -138,10 +138,13 @@ def test_the_secret_never_reaches_the_logs(
     from workers.tasks.webhooks import deliver_webhook
 
     caplog.set_level(logging.DEBUG)
-    receiver.script["/hook"] = [500]
-    hook = admin.post("/v1/webhooks", json={"url": receiver.url + "/hook"}).json()
+    path = "/services/T000/B000/url-is-a-secret-too"  # like a Slack incoming-webhook URL
+    receiver.script[path] = [500]
+    hook = admin.post("/v1/webhooks", json={"url": receiver.url + path}).json()
     post_events(admin, make_job(), {"key": "r1", "type": "job_restart"})
     deliver_webhook(enqueued[0][0])
+    assert len(receiver.at(path)) == 1
     assert "webhook" in caplog.text  # the try was logged...
     assert hook["secret"] not in caplog.text  # ...without the secret
     assert hook["secret"].removeprefix("whsec_") not in caplog.text
+    assert "url-is-a-secret-too" not in caplog.text  # ...and without the target URL
