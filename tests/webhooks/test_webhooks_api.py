@@ -148,3 +148,10 @@ def test_neither_secret_nor_target_url_reaches_the_logs(
     assert hook["secret"] not in caplog.text  # ...without the secret
     assert hook["secret"].removeprefix("whsec_") not in caplog.text
     assert "url-is-a-secret-too" not in caplog.text  # ...and without the target URL
+
+
+def test_unknown_webhook_is_404_naming_it(admin: TestClient) -> None:
+    for method, path in (("get", "/v1/webhooks/nope"), ("get", "/v1/webhooks/nope/deliveries")):
+        response = admin.request(method.upper(), path)
+        assert response.status_code == 404
+        assert response.json()["error"]["fields"][0]["field"] == "webhook_id"
