@@ -30,7 +30,9 @@ def get_session() -> Iterator[Session]:
         session.close()
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# Function scope: the transaction commits before the response is sent, so a client that got a 2xx
+# knows its change is stored (request scope would commit after sending it).
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def bearer_token(request: Request) -> str | None:
