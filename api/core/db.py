@@ -17,7 +17,8 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    # hide_parameters: bound values (webhook secrets among them) never reach logs or error messages.
+    kwargs: dict[str, Any] = {"pool_pre_ping": True, "hide_parameters": True}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
