@@ -27,9 +27,10 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     )
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    for router in (health.router, jobs.router, reports.router, tokens.router):
-        app.include_router(router)
-    for router in (webhooks.router, metrics.router, dashboard.router):
+    app.include_router(health.router)
+    for router in (jobs.router, reports.router, tokens.router, webhooks.router):
+        app.include_router(router, responses=errors.API_ERRORS)
+    for router in (metrics.router, dashboard.router):
         app.include_router(router)
     dashboard.mount_static(app)
     return app

@@ -7,8 +7,52 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+DATABASE_RETRY_AFTER_S = 2
+
+
+class ErrorField(BaseModel):
+    field: str
+    message: str
+    type: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    status: int
+    message: str
+    fields: list[ErrorField] | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer."""
+
+    error: ErrorDetail
+
+
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
+_ERRORS: dict[int, dict[str, Any]] = {
+    400: {"description": "The body is not JSON this API can read (malformed, not UTF-8, or nested too deeply)."},
+    401: {"description": "No bearer token, or an invalid or revoked one."},
+    403: {"description": "The token may not do this (a trainer token reports for its own job only)."},
+    404: {"description": "No such resource."},
+    409: {"description": "The resource is in a state that does not allow this."},
+    413: {"description": "The body is larger than FTPLANE_MAX_BODY_BYTES."},
+    422: {"description": "A field is invalid; `fields` names each one."},
+    429: {"description": "This token sent too much; retry after Retry-After seconds.", "headers": _RETRY_AFTER},
+    503: {"description": "The database is unavailable; retry after Retry-After seconds.", "headers": _RETRY_AFTER},
+}
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries for these error statuses, all with the ErrorResponse body."""
+    return {code: {"model": ErrorResponse, **_ERRORS[code]} for code in codes}
+
+
+# What any authenticated /v1 operation may answer, whatever it does.
+API_ERRORS = responses(400, 401, 403, 413, 422, 503)
 
 
 class ApiError(Exception):
@@ -67,5 +111,5 @@ def install(app: FastAPI) -> None:
         return JSONResponse(
             status_code=503,
             content=_body(503, "the database is unavailable; retry shortly"),
-            headers={"Retry-After": "2"},
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )

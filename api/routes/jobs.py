@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Query, status
 
-from api.core.errors import ApiError
+from api.core.errors import ApiError, responses
 from api.database.tables import Job
 from api.deps import AdminDep, SessionDep
 from api.models import events as event_store
@@ -41,7 +41,13 @@ def list_jobs(
     session: SessionDep,
     _: AdminDep,
     status_: Annotated[list[lifecycle.JobStatus], Query(alias="status")] = [],  # noqa: B006
-    label: Annotated[list[str], Query(description="key=value; every given label must match")] = [],  # noqa: B006
+    label: Annotated[
+        list[str],
+        Query(
+            description="key=value; every given label must match",
+            json_schema_extra={"items": {"type": "string", "pattern": "^[^=]+="}},  # checked below
+        ),
+    ] = [],  # noqa: B006
     cursor: str | None = Query(default=None, max_length=512),
     limit: int = Query(default=50, ge=1, le=500),
 ) -> JobPage:
@@ -60,7 +66,7 @@ def list_jobs(
     return JobPage(items=[JobOut.model_validate(j) for j in items], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}", response_model=JobDetail)
+@router.get("/{job_id}", response_model=JobDetail, responses=responses(404))
 def get_job(job_id: str, session: SessionDep, _: AdminDep) -> JobDetail:
     job = load_job(session, job_id)
     recent = event_store.page(session, job.id, limit=10_000)[-20:]
@@ -73,7 +79,7 @@ def get_job(job_id: str, session: SessionDep, _: AdminDep) -> JobDetail:
     )
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED)
+@router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED, responses=responses(404))
 def cancel_job(job_id: str, session: SessionDep, background: BackgroundTasks, _: AdminDep) -> JobOut:
     """Ask for the job to end. A PENDING job is cancelled at once; a launched one once torn down."""
     job = load_job(session, job_id, for_update=True)
@@ -83,7 +89,9 @@ def cancel_job(job_id: str, session: SessionDep, background: BackgroundTasks, _:
     return JobOut.model_validate(job)
 
 
-@router.post("/{job_id}/faults", response_model=FaultOut, status_code=status.HTTP_202_ACCEPTED)
+@router.post(
+    "/{job_id}/faults", response_model=FaultOut, status_code=status.HTTP_202_ACCEPTED, responses=responses(404, 409)
+)
 def inject_fault(
     job_id: str, fault: FaultIn, session: SessionDep, background: BackgroundTasks, _: AdminDep
 ) -> FaultOut:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.core.errors import ApiError
+from api.core.errors import ApiError, responses
 from api.deps import AdminDep, ReporterDep, SessionDep
 from api.models import events as event_store
 from api.models import liveness
@@ -28,7 +28,7 @@ from api.services import lifecycle, reporting
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["reports"])
 
 
-@router.post("/events", response_model=EventBatchResult)
+@router.post("/events", response_model=EventBatchResult, responses=responses(404, 429))
 def post_events(job_id: str, batch: EventBatch, session: SessionDep, _: ReporterDep) -> EventBatchResult:
     """Store a batch of events. Idempotent by `key`: a resend answers 200 and stores nothing twice."""
     job = load_job(session, job_id, for_update=True)
@@ -36,7 +36,7 @@ def post_events(job_id: str, batch: EventBatch, session: SessionDep, _: Reporter
     return EventBatchResult(stored=len(stored), duplicates=duplicates)
 
 
-@router.get("/events", response_model=EventPage)
+@router.get("/events", response_model=EventPage, responses=responses(404))
 def list_events(
     job_id: str,
     session: SessionDep,
@@ -65,7 +65,7 @@ def list_events(
     )
 
 
-@router.post("/heartbeats", response_model=HeartbeatResult)
+@router.post("/heartbeats", response_model=HeartbeatResult, responses=responses(404, 409, 429))
 def post_heartbeats(job_id: str, batch: HeartbeatBatch, session: SessionDep, _: ReporterDep) -> HeartbeatResult:
     """Update per-rank liveness. The reply carries faults the trainer is asked to inject."""
     job = load_job(session, job_id)
@@ -75,7 +75,7 @@ def post_heartbeats(job_id: str, batch: HeartbeatBatch, session: SessionDep, _: 
     return HeartbeatResult(accepted=accepted, faults=faults)
 
 
-@router.get("/ranks", response_model=list[RankOut])
+@router.get("/ranks", response_model=list[RankOut], responses=responses(404))
 def list_ranks(job_id: str, session: SessionDep, _: AdminDep) -> list[RankOut]:
     job = load_job(session, job_id)
     timeout = lifecycle.spec_of(job).resiliency.heartbeat_timeout_s

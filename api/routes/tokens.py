@@ -7,7 +7,7 @@ from datetime import datetime
 from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.core.errors import ApiError
+from api.core.errors import ApiError, responses
 from api.deps import AdminDep, SessionDep
 from api.models import tokens
 
@@ -44,7 +44,7 @@ def list_tokens(session: SessionDep, _: AdminDep) -> list[TokenOut]:
     return [TokenOut.model_validate(t) for t in tokens.list_tokens(session)]
 
 
-@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, responses=responses(404))
 def revoke_token(token_id: str, session: SessionDep, _: AdminDep) -> None:
     if not tokens.revoke(session, token_id):
         raise ApiError(404, f"no active token with id {token_id!r}", field="token_id")

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, status
 from pydantic import BaseModel
 
 from api.core.config import get_settings
-from api.core.errors import ApiError
+from api.core.errors import ApiError, responses
 from api.database.tables import WebhookSubscription
 from api.deps import AdminDep, SessionDep
 from api.schemas.events import utcnow
@@ -45,19 +45,19 @@ def list_webhooks(session: SessionDep, _: AdminDep) -> list[WebhookOut]:
     return [WebhookOut.model_validate(row) for row in subscriptions.list_all(session)]
 
 
-@router.get("/{webhook_id}", response_model=WebhookOut)
+@router.get("/{webhook_id}", response_model=WebhookOut, responses=responses(404))
 def get_webhook(webhook_id: str, session: SessionDep, _: AdminDep) -> WebhookOut:
     return WebhookOut.model_validate(load_subscription(session, webhook_id))
 
 
-@router.delete("/{webhook_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/{webhook_id}", status_code=status.HTTP_204_NO_CONTENT, responses=responses(404))
 def delete_webhook(webhook_id: str, session: SessionDep, _: AdminDep) -> None:
     """Unsubscribe; the subscription's delivery log and pending deliveries go with it."""
     if not subscriptions.remove(session, webhook_id):
         raise ApiError(404, f"no webhook with id {webhook_id!r}", field="webhook_id")
 
 
-@router.get("/{webhook_id}/deliveries", response_model=DeliveryPage)
+@router.get("/{webhook_id}/deliveries", response_model=DeliveryPage, responses=responses(404))
 def list_deliveries(
     webhook_id: str,
     session: SessionDep,
@@ -79,6 +79,7 @@ def list_deliveries(
     "/{webhook_id}/deliveries/{delivery_id}/redeliver",
     response_model=DeliveryOut,
     status_code=status.HTTP_202_ACCEPTED,
+    responses=responses(404),
 )
 def redeliver(webhook_id: str, delivery_id: str, session: SessionDep, _: AdminDep) -> DeliveryOut:
     """Send a delivery again, now, with the same webhook-id (receivers de-duplicate by it)."""

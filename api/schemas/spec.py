@@ -6,7 +6,7 @@ naming the key, never a silently ignored setting.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -21,6 +21,20 @@ LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=253, patter
 LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE)]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME)]
 Quantity = Annotated[str, StringConstraints(max_length=32, pattern=QUANTITY)]
+
+
+def keys_match_pattern(schema: dict[str, Any]) -> None:
+    """Document a dict whose keys have a pattern as validated: every key must match it.
+
+    pydantic writes the key pattern as `patternProperties`, which in JSON Schema lets keys that
+    do not match through with any value; `propertyNames` says what the API actually accepts.
+    """
+    if len(schema.get("patternProperties", {})) != 1:
+        return
+    ((pattern, value),) = schema.pop("patternProperties").items()
+    schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern}
+    schema["additionalProperties"] = value
+
 
 # Variables the backends set for the trainer; a spec may not override them.
 RESERVED_ENV_PREFIX = "FTPLANE_"
@@ -85,11 +99,15 @@ class JobSpec(StrictModel):
     nodes: int = Field(default=1, ge=1, le=4096)
     procs_per_node: int = Field(default=1, ge=1, le=64)
     resources: Resources = Field(default_factory=Resources)
-    env: dict[EnvName, Annotated[str, StringConstraints(max_length=8192)]] = Field(default_factory=dict, max_length=256)
+    env: dict[EnvName, Annotated[str, StringConstraints(max_length=8192)]] = Field(
+        default_factory=dict, max_length=256, json_schema_extra=keys_match_pattern
+    )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     resiliency: ResiliencySpec = Field(default_factory=ResiliencySpec)
     faults: list[FaultSpec] = Field(default_factory=list, max_length=100)
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64)
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=64, json_schema_extra=keys_match_pattern
+    )
 
     @property
     def world_size(self) -> int:

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.schemas.events import EventType
-from api.schemas.spec import LabelKey, LabelValue
+from api.schemas.spec import LabelKey, LabelValue, keys_match_pattern
 from api.webhooks.messages import DEFAULT_EVENT_TYPES
 
 
@@ -27,6 +27,7 @@ class WebhookIn(BaseModel):
         default_factory=dict,
         max_length=32,
         description="Only jobs carrying every one of these labels (empty: every job).",
+        json_schema_extra=keys_match_pattern,
     )
     format: Literal["standard", "slack"] = Field(
         default="standard",
