@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from api import metrics
 from api.core import errors
 from api.core.config import Settings, get_settings
-from api.core.limits import BodySizeLimit
+from api.core.limits import BodySizeLimit, TextGuard
 from api.core.logging import configure_logging
 from api.routes import dashboard, health, jobs, reports, tokens, webhooks
 
@@ -26,7 +26,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         docs_url="/docs",
     )
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(TextGuard)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)  # outermost: size first
     app.include_router(health.router)
     for router in (jobs.router, reports.router, tokens.router, webhooks.router):
         app.include_router(router, responses=errors.API_ERRORS)

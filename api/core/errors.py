@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 DATABASE_RETRY_AFTER_S = 2
@@ -101,15 +102,30 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(
             status_code=exc.status_code,
-            content=_body(exc.status_code, str(exc.detail)),
+            content=_body(exc.status_code, _unreadable_body(exc) or str(exc.detail)),
             headers=getattr(exc, "headers", None),
         )
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
+    @app.exception_handler(PoolTimeoutError)
     async def _database_down(_: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(
             status_code=503,
             content=_body(503, "the database is unavailable; retry shortly"),
             headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )
+
+
+def _unreadable_body(exc: StarletteHTTPException) -> str | None:
+    """FastAPI answers 400 to a body json.loads could not read; say why, and what to send instead."""
+    if exc.status_code != 400:
+        return None
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return "the JSON body is nested too deeply to read: send at most a few dozen levels of nesting"
+    if isinstance(cause, UnicodeError):
+        return "the body is not valid UTF-8: send JSON encoded as UTF-8"
+    if cause is not None:
+        return f"the body could not be read as JSON ({type(cause).__name__}): send a JSON object"
+    return None

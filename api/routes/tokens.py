@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
+from typing import Annotated
 
 from fastapi import APIRouter, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from api.core.errors import ApiError, responses
 from api.deps import AdminDep, SessionDep
@@ -14,9 +16,26 @@ from api.models import tokens
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
 
 
+# A name is shown to people: no control characters and no invisible or direction-changing
+# formatting characters (a right-to-left override can make a name read as another).
+UNPRINTABLE = "\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff"
+_UNPRINTABLE = re.compile(f"[{UNPRINTABLE}]")
+
+
+def _printable(name: str) -> str:
+    found = _UNPRINTABLE.search(name)
+    if found:
+        raise ValueError(f"character U+{ord(found.group()):04X} is a control or formatting character: remove it")
+    return name
+
+
 class TokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
+    name: Annotated[
+        str,
+        Field(min_length=1, max_length=200, json_schema_extra={"pattern": f"^[^{UNPRINTABLE}]+$"}),
+        AfterValidator(_printable),
+    ]
 
 
 class TokenOut(BaseModel):

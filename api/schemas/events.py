@@ -6,6 +6,8 @@ they only update per-rank liveness.
 
 from __future__ import annotations
 
+import json
+import math
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -15,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 MAX_EVENTS_PER_BATCH = 1000
 MAX_HEARTBEATS_PER_BATCH = 20000
 MAX_DETAILS_KEYS = 64
+MAX_DETAILS_DEPTH = 16  # levels of objects and arrays inside `details`
+MAX_DETAILS_BYTES = 64 * 1024  # as JSON
 
 
 class EventType(StrEnum):
@@ -66,7 +70,23 @@ class EventIn(BaseModel):
     def _bounded_details(cls, value: dict[str, Any]) -> dict[str, Any]:
         if len(value) > MAX_DETAILS_KEYS:
             raise ValueError(f"at most {MAX_DETAILS_KEYS} keys allowed")
+        _check_details(value)
+        if len(json.dumps(value, default=str)) > MAX_DETAILS_BYTES:
+            raise ValueError(f"at most {MAX_DETAILS_BYTES} bytes of JSON allowed: put large payloads elsewhere")
         return value
+
+
+def _check_details(details: dict[str, Any]) -> None:
+    """Bounded nesting and finite numbers (iterative: a deep document cannot exhaust the stack)."""
+    stack: list[tuple[int, Any]] = [(1, details)]
+    while stack:
+        depth, value = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_DETAILS_DEPTH:
+                raise ValueError(f"nested more than {MAX_DETAILS_DEPTH} levels deep: flatten it")
+            stack.extend((depth + 1, v) for v in (value.values() if isinstance(value, dict) else value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("NaN and Infinity are not JSON numbers: send a finite number or null")
 
 
 class EventBatch(BaseModel):
