@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -160,6 +161,13 @@ def serve(
     if not settings.auth_enabled and not is_loopback(settings.host):
         fail(f"FTPLANE_AUTH=disabled is refused on the non-loopback address {settings.host}: enable auth")
     upgrade_to_head(settings)
+    if only == Part.all and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # API and worker are separate processes on this host: /metrics sums both (restarts are counted
+        # by the worker's supervisor). Stale files of an earlier run would be summed too, so start empty.
+        metrics_dir = (Path(settings.data_dir) / "prometheus").resolve()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     if only in (Part.all, Part.api):
         bootstrap_admin_token()
     children: list[subprocess.Popen[bytes]] = []

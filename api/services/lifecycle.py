@@ -136,6 +136,9 @@ def apply_reported_event(session: Session, job: Job, event: EventIn) -> None:
     """What a newly stored event means for the job's status (late events of old attempts mean nothing)."""
     if JobStatus(job.status) in TERMINAL or (event.attempt is not None and event.attempt != job.attempt):
         return
+    if (event.type in RECOVERY_EVENTS or event.type == EventType.running) and job.status == JobStatus.PENDING:
+        # The trainer already reports while the launch's own bookkeeping is still being committed.
+        transition(session, job, JobStatus.SUBMITTED)
     if event.type == EventType.running:
         transition(session, job, JobStatus.RUNNING)
     elif event.type in RECOVERY_EVENTS and JobStatus(job.status) in (JobStatus.RUNNING, JobStatus.SUBMITTED):

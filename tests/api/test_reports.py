@@ -160,3 +160,12 @@ def test_fault_request_validation(admin: TestClient, make_job: Any) -> None:
     assert admin.post(url, json={"kind": "crash", "rank": 0, "now": True}).status_code == 409  # still PENDING
     both = admin.post(url, json={"kind": "crash", "rank": 0, "now": True, "at_step": 3})
     assert both.status_code == 422 and "exactly one" in both.json()["error"]["message"]
+
+
+def test_a_trainer_reporting_before_the_launch_is_committed_is_accepted(admin: TestClient, make_job: Any) -> None:
+    job = make_job()  # still PENDING: the submit task has not committed its bookkeeping yet
+    response = admin.post(
+        f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "r", "type": "running"}]}, headers=trainer(admin, job)
+    )
+    assert response.status_code == 200
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RUNNING"
