@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from api.core import ratelimit
 from api.core.config import get_settings
 from api.core.db import get_sessionmaker
 from api.core.errors import ApiError
@@ -79,3 +80,25 @@ def require_reporter(job_id: str, principal: PrincipalDep) -> Principal:
 
 
 ReporterDep = Annotated[Principal, Depends(require_reporter)]
+
+
+def within_ingest_limit(endpoint: str) -> Callable[[Principal], Principal]:
+    """A reporter whose token has not used up its rate limit on this ingest endpoint (else 429)."""
+
+    def check(principal: ReporterDep) -> Principal:
+        limiter = ratelimit.ingest_limiter()
+        wait = limiter.take(f"{principal.token_id}:{endpoint}") if limiter else 0.0
+        if wait > 0:
+            seconds = ratelimit.retry_after(wait)
+            raise ApiError(
+                429,
+                f"this token sent {endpoint} faster than its rate limit; retry in {seconds} s",
+                headers={"Retry-After": str(seconds)},
+            )
+        return principal
+
+    return check
+
+
+EventsReporterDep = Annotated[Principal, Depends(within_ingest_limit("events"))]
+HeartbeatsReporterDep = Annotated[Principal, Depends(within_ingest_limit("heartbeats"))]

@@ -37,6 +37,12 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["json", "text"] = "text"
     db_pool_size: int = Field(default=10, ge=1)
+    ingest_rate_per_s: float = Field(
+        default=32768,
+        ge=0,
+        description="Requests/s per token on each ingest endpoint (events, heartbeats); 0 turns limits off.",
+    )
+    ingest_burst: int = Field(default=65536, ge=1, description="Requests a token may send at once per ingest endpoint.")
 
     @property
     def resolved_database_url(self) -> str:

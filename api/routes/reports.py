@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.core.errors import ApiError, responses
-from api.deps import AdminDep, ReporterDep, SessionDep
+from api.deps import AdminDep, EventsReporterDep, HeartbeatsReporterDep, SessionDep
 from api.models import events as event_store
 from api.models import liveness
 from api.routes.jobs import load_job
@@ -29,7 +29,7 @@ router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["reports"])
 
 
 @router.post("/events", response_model=EventBatchResult, responses=responses(404, 429))
-def post_events(job_id: str, batch: EventBatch, session: SessionDep, _: ReporterDep) -> EventBatchResult:
+def post_events(job_id: str, batch: EventBatch, session: SessionDep, _: EventsReporterDep) -> EventBatchResult:
     """Store a batch of events. Idempotent by `key`: a resend answers 200 and stores nothing twice."""
     job = load_job(session, job_id, for_update=True)
     stored, duplicates = reporting.ingest_events(session, job, batch)
@@ -66,7 +66,9 @@ def list_events(
 
 
 @router.post("/heartbeats", response_model=HeartbeatResult, responses=responses(404, 409, 429))
-def post_heartbeats(job_id: str, batch: HeartbeatBatch, session: SessionDep, _: ReporterDep) -> HeartbeatResult:
+def post_heartbeats(
+    job_id: str, batch: HeartbeatBatch, session: SessionDep, _: HeartbeatsReporterDep
+) -> HeartbeatResult:
     """Update per-rank liveness. The reply carries faults the trainer is asked to inject."""
     job = load_job(session, job_id)
     if job.status in lifecycle.TERMINAL:

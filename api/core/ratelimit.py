@@ -1,0 +1,151 @@
+"""Per-token rate limits on the ingest endpoints (`POST .../events`, `POST .../heartbeats`).
+
+A token bucket per (token, endpoint): `FTPLANE_INGEST_RATE_PER_S` requests per second refill it, up
+to `FTPLANE_INGEST_BURST`; a request takes one. An empty bucket answers 429 with Retry-After (the
+trainer's reporter waits that long and resends; nothing is lost).
+
+Sizing: every rank of a job reports with the job's one token, from its own process, at most one
+heartbeat batch per report interval (1 s) plus an event batch when it has events (up to 1000 per
+batch). A 16,384-rank job therefore sends about 16,384 heartbeat requests per second, and events in
+bursts: a checkpoint or an in-job restart makes every rank report at once, and after a control-plane
+outage every rank flushes its backlog at once. The defaults, 32,768 requests/s and a burst of
+65,536 per token and endpoint, are twice the steady heartbeat load and four requests per rank at
+once, so such a job is never throttled; what is throttled is a token sending more than twice what
+the largest job sends (a reporter stuck in a loop, a leaked token).
+
+One process: buckets live in memory (a lock and a dict entry per token). With several API
+processes, each keeps its own buckets unless FTPLANE_REDIS_URL is set: a token could then send up
+to N times the limit through N processes. With Redis, all processes share one bucket per token (one
+round trip per ingest request, atomic in a Lua script, Redis's clock); while Redis is unreachable,
+each process falls back to its own buckets rather than refusing reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Protocol
+
+from api.core.config import get_settings
+
+log = logging.getLogger(__name__)
+
+# Buckets kept in memory before full (idle) ones are dropped; a full bucket is the same as none.
+MAX_IDLE_BUCKETS = 10_000
+
+
+class Limiter(Protocol):
+    def take(self, key: str, cost: float = 1.0) -> float:
+        """Take `cost` from the bucket `key`: 0 when allowed, else the seconds until it would be."""
+        ...
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class TokenBuckets:
+    """Token buckets in this process's memory."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be > 0 and burst >= 1")
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, cost: float = 1.0) -> float:
+        with self._lock:
+            now = self.clock()
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) >= MAX_IDLE_BUCKETS:
+                    self._forget_full(now)
+                bucket = self._buckets[key] = _Bucket(self.burst, now)
+            bucket.tokens = min(self.burst, bucket.tokens + max(0.0, now - bucket.updated) * self.rate)
+            bucket.updated = now
+            if bucket.tokens >= cost:
+                bucket.tokens -= cost
+                return 0.0
+            return (cost - bucket.tokens) / self.rate
+
+    def _forget_full(self, now: float) -> None:
+        full = [k for k, b in self._buckets.items() if b.tokens + (now - b.updated) * self.rate >= self.burst]
+        for key in full:
+            del self._buckets[key]
+
+
+# KEYS[1]: the bucket; ARGV: rate, burst, cost. Returns the wait in seconds (0: allowed), as a string.
+_TAKE_SCRIPT = """
+local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local held = redis.call('HMGET', KEYS[1], 'tokens', 'updated')
+local tokens = tonumber(held[1]) or burst
+local updated = tonumber(held[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - updated) * rate)
+local wait = 0
+if tokens >= cost then tokens = tokens - cost else wait = (cost - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'updated', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
+return tostring(wait)
+"""
+
+
+class RedisTokenBuckets:
+    """Token buckets shared by every API process through Redis; this process's own while it is down."""
+
+    def __init__(self, url: str, rate: float, burst: float, prefix: str, *, retry_after_s: float = 5.0) -> None:
+        import redis
+
+        self.rate = rate
+        self.burst = burst
+        self.prefix = prefix
+        self.retry_after_s = retry_after_s
+        self.fallback = TokenBuckets(rate, burst)
+        self._client: Any = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self._script: Any = self._client.register_script(_TAKE_SCRIPT)
+        self._down_until = 0.0
+
+    def take(self, key: str, cost: float = 1.0) -> float:
+        now = time.monotonic()
+        if now >= self._down_until:
+            try:
+                return float(self._script(keys=[f"{self.prefix}{key}"], args=[self.rate, self.burst, cost]))
+            except Exception as exc:  # a limiter must never be the reason reports are refused
+                self._down_until = now + self.retry_after_s
+                log.warning(
+                    "rate limits: Redis unreachable (%s); limiting in this process for %.0f s",
+                    type(exc).__name__,
+                    self.retry_after_s,
+                )
+        return self.fallback.take(key, cost)
+
+
+def ingest_limiter() -> Limiter | None:
+    """The limiter for the current settings; None when limits are off (rate 0)."""
+    settings = get_settings()
+    return _limiter(settings.ingest_rate_per_s, settings.ingest_burst, settings.redis_url, settings.queue)
+
+
+@lru_cache(maxsize=8)
+def _limiter(rate: float, burst: int, redis_url: str | None, queue: str) -> Limiter | None:
+    if rate <= 0:
+        return None
+    if redis_url:
+        return RedisTokenBuckets(redis_url, rate, burst, prefix=f"ftplane:{queue}:ratelimit:")
+    return TokenBuckets(rate, burst)
+
+
+def retry_after(wait_s: float) -> int:
+    """The Retry-After header for a wait: whole seconds, at least 1."""
+    return max(1, math.ceil(wait_s))

@@ -1,0 +1,201 @@
+"""Per-token rate limits on the ingest endpoints: a 16,384-rank job is never throttled, a runaway is.
+
+The sizing argument is in api/core/ratelimit.py; these tests check it against the traffic such a
+job makes (simulated on a fake clock, request by request) and check the 429 itself end to end.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.core.config import Settings
+from api.core.ratelimit import RedisTokenBuckets, TokenBuckets, retry_after
+from tests.conftest import REDIS_URL, configure_env, require, tiny_spec
+from trainer.reporter import Reporter
+
+RANKS = 16_384
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_16384_rank_job_is_never_throttled_by_the_default_limits() -> None:
+    """Every rank reports once a second, checkpoints and restarts make all ranks report at once, and
+    after a 60 s outage every rank flushes a heartbeat and its event backlog together."""
+    defaults = Settings()
+    clock = FakeClock()
+    limiter = TokenBuckets(defaults.ingest_rate_per_s, defaults.ingest_burst, clock=clock)
+    rng = random.Random(16384)
+    phase = [rng.random() for _ in range(RANKS)]  # where in its second each rank reports
+    throttled = {"heartbeats": 0, "events": 0}
+    sent = {"heartbeats": 0, "events": 0}
+
+    def post(endpoint: str, at: float) -> None:
+        clock.now = at
+        sent[endpoint] += 1
+        if limiter.take(f"job-token:{endpoint}") > 0:
+            throttled[endpoint] += 1
+
+    def all_ranks_at_once(endpoint: str, start: float, requests_per_rank: int, spread_s: float) -> None:
+        for rank in range(RANKS):
+            for _ in range(requests_per_rank):
+                post(endpoint, start + spread_s * rank / RANKS)
+
+    start = clock.now
+    for second in range(12):  # steady state: one heartbeat batch per rank per second
+        beats = sorted((start + second + phase[r] + rng.uniform(-0.05, 0.05), r) for r in range(RANKS))
+        for at, _ in beats:
+            post("heartbeats", at)
+        if second % 5 == 0:  # a checkpoint: every rank reports checkpoint_saved within 50 ms
+            all_ranks_at_once("events", start + second + 0.5, 1, 0.05)
+    # An in-job restart: every rank reports running (and its restart) at once.
+    all_ranks_at_once("events", start + 12.2, 2, 0.01)
+    # A 60 s outage of the control plane, then every rank flushes at once, within 100 ms: its newest
+    # heartbeat, and its queued events (up to 4 batches of 1000 each: 4,000 events per rank).
+    back = start + 13 + 60
+    all_ranks_at_once("heartbeats", back, 1, 0.1)
+    all_ranks_at_once("events", back, 4, 0.1)
+    for second in range(5):  # and steady state again right after
+        for r in range(RANKS):
+            post("heartbeats", back + 1 + second + phase[r])
+
+    assert sent["heartbeats"] > 17 * RANKS and sent["events"] > 8 * RANKS
+    assert throttled == {"heartbeats": 0, "events": 0}
+
+
+def test_a_runaway_token_is_throttled_and_told_when_to_retry() -> None:
+    defaults = Settings()
+    clock = FakeClock()
+    limiter = TokenBuckets(defaults.ingest_rate_per_s, defaults.ingest_burst, clock=clock)
+    rate = defaults.ingest_rate_per_s
+    waits = []
+    # Three times the limit, for 5 s: the burst is spent after ~1 s, then two requests in three wait.
+    for i in range(int(3 * rate * 5)):
+        clock.now = 1000.0 + i / (3 * rate)
+        waits.append(limiter.take("runaway:events"))
+    throttled = [w for w in waits if w > 0]
+    assert len(throttled) / len(waits) > 0.5
+    assert all(0 < w <= 1 / rate + 1e-9 for w in throttled)
+    assert retry_after(max(throttled)) == 1
+    # Another token is not affected by the runaway.
+    assert limiter.take("well-behaved:events") == 0
+
+
+def test_idle_buckets_are_forgotten() -> None:
+    clock = FakeClock()
+    limiter = TokenBuckets(10, 5, clock=clock)
+    from api.core import ratelimit
+
+    for i in range(ratelimit.MAX_IDLE_BUCKETS + 10):
+        limiter.take(f"t{i}")
+        clock.now += 1  # each bucket is full again a second later
+    assert len(limiter._buckets) <= ratelimit.MAX_IDLE_BUCKETS
+
+
+@pytest.fixture
+def limited(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> TestClient:
+    """The app on SQLite with tiny limits: 2 requests/s, 3 at once."""
+    configure_env(
+        monkeypatch,
+        tmp_path / "state",
+        f"sqlite:///{tmp_path / 'ftplane.db'}",
+        FTPLANE_INGEST_RATE_PER_S="2",
+        FTPLANE_INGEST_BURST="3",
+    )
+    from api.core.db import session_scope
+    from api.main import create_app
+    from api.models import tokens
+
+    app = create_app()
+    with session_scope() as session:
+        _, token = tokens.create_admin(session, "tests")
+    return TestClient(app, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_over_the_limit_is_429_with_retry_after_and_nothing_stored(limited: TestClient) -> None:
+    job = limited.post("/v1/jobs", json=tiny_spec()).json()
+    other = limited.post("/v1/jobs", json=tiny_spec(name="other")).json()
+    trainer = TestClient(limited.app, headers={"Authorization": f"Bearer {job['token']}"})
+    beats = f"/v1/jobs/{job['id']}/heartbeats"
+
+    for step in (1, 2, 3):
+        assert trainer.post(beats, json={"heartbeats": [{"rank": 0, "step": step}]}).status_code == 200
+    refused = trainer.post(beats, json={"heartbeats": [{"rank": 0, "step": 4}]})
+    assert refused.status_code == 429
+    assert 1 <= int(refused.headers["Retry-After"]) <= 2
+    assert "rate limit" in refused.json()["error"]["message"]
+    assert limited.get(f"/v1/jobs/{job['id']}/ranks").json()[0]["step"] == 3  # the refused beat changed nothing
+
+    # Per token and per endpoint: the same token's events, another job's token, and admins reading are
+    # not affected.
+    event = {"events": [{"key": "e1", "type": "checkpoint_saved", "step": 3}]}
+    assert trainer.post(f"/v1/jobs/{job['id']}/events", json=event).status_code == 200
+    other_trainer = TestClient(limited.app, headers={"Authorization": f"Bearer {other['token']}"})
+    assert other_trainer.post(f"/v1/jobs/{other['id']}/heartbeats", json={"heartbeats": [{"rank": 0, "step": 1}]})
+    for _ in range(10):
+        assert limited.get(f"/v1/jobs/{job['id']}").status_code == 200
+
+    # The bucket refills: one request every half second.
+    time.sleep(float(refused.headers["Retry-After"]))
+    assert trainer.post(beats, json={"heartbeats": [{"rank": 0, "step": 5}]}).status_code == 200
+
+
+def test_unauthenticated_requests_do_not_spend_a_tokens_limit(limited: TestClient) -> None:
+    job = limited.post("/v1/jobs", json=tiny_spec()).json()
+    beats = f"/v1/jobs/{job['id']}/heartbeats"
+    anonymous = TestClient(limited.app)
+    for _ in range(5):
+        assert anonymous.post(beats, json={"heartbeats": [{"rank": 0, "step": 1}]}).status_code == 401
+    trainer = TestClient(limited.app, headers={"Authorization": f"Bearer {job['token']}"})
+    assert trainer.post(beats, json={"heartbeats": [{"rank": 0, "step": 1}]}).status_code == 200
+
+
+def test_the_trainers_reporter_waits_out_a_429_and_loses_nothing(
+    limited: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real reporter against the real API: 12 event batches through a limit of 3 at once, 2/s."""
+    job = limited.post("/v1/jobs", json=tiny_spec()).json()
+    transport: Any = TestClient(limited.app)._transport  # the app in process, over httpx
+    reporter = Reporter("http://testserver", job["id"], 0, job["token"], transport=transport, report_interval_s=0.05)
+    keys = []
+    for step in range(12):
+        keys.append(reporter.event("checkpoint_saved", rank=0, step=step, details={"step": step}))
+        time.sleep(0.02)  # one batch each: the reporter sends what is queued as soon as it can
+    assert reporter.flush(30)
+    reporter.close()
+    stored = limited.get(f"/v1/jobs/{job['id']}/events", params={"limit": 100}).json()["items"]
+    assert sorted(e["key"] for e in stored) == sorted(keys)
+    assert sorted(e["step"] for e in stored) == list(range(12))
+    assert any("HTTP 429" in r.getMessage() for r in caplog.records), "the limit was never hit"
+
+
+@pytest.mark.redis
+def test_limits_are_shared_by_api_processes_through_redis() -> None:
+    url = require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")
+    prefix = f"ftplane-test-{uuid.uuid4().hex[:8]}:ratelimit:"
+    first = RedisTokenBuckets(url, rate=1, burst=5, prefix=prefix)
+    second = RedisTokenBuckets(url, rate=1, burst=5, prefix=prefix)  # another API process
+    allowed = sum(1 for limiter in (first, second) * 5 if limiter.take("job-token:events") == 0)
+    assert allowed == 5  # one bucket for both, not 5 each
+    assert 0 < second.take("job-token:events") <= 1.0
+    assert first.take("another-token:events") == 0
+
+
+def test_an_unreachable_redis_never_refuses_reports() -> None:
+    limiter = RedisTokenBuckets("redis://127.0.0.1:1/0", rate=1, burst=3, prefix="x:")
+    started = time.monotonic()
+    assert [limiter.take("t") for _ in range(3)] == [0, 0, 0]  # this process's own buckets take over
+    assert limiter.take("t") > 0
+    assert time.monotonic() - started < 5
