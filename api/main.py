@@ -9,7 +9,7 @@ from api.core import errors
 from api.core.config import Settings, get_settings
 from api.core.limits import BodySizeLimit, TextGuard
 from api.core.logging import configure_logging
-from api.routes import dashboard, health, jobs, reports, tokens, webhooks
+from api.routes import dashboard, goodput, health, jobs, reports, tokens, webhooks
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     app.add_middleware(TextGuard)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)  # outermost: size first
     app.include_router(health.router)
-    for router in (jobs.router, reports.router, tokens.router, webhooks.router):
+    for router in (jobs.router, reports.router, tokens.router, webhooks.router, goodput.router):
         app.include_router(router, responses=errors.API_ERRORS)
     for router in (metrics.router, dashboard.router):
         app.include_router(router)

@@ -56,6 +56,7 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
                 f"hang:a{job.attempt}:r{rank.rank}:t{int(rank.last_seen.timestamp() * 1000)}",
                 cause,
                 rank.node,
+                silent_s=round(quiet, 3),
             )
         )
     reporting.record_events(session, job, events)
@@ -63,7 +64,19 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     return Silence(summary, escalate=worst > 2 * timeout)
 
 
-def _event(job: Job, rank: int | None, step: int | None, key: str, cause: str, node: str | None = None) -> EventIn:
+def _event(
+    job: Job,
+    rank: int | None,
+    step: int | None,
+    key: str,
+    cause: str,
+    node: str | None = None,
+    silent_s: float | None = None,
+) -> EventIn:
+    # silent_s: how long the rank had been quiet (goodput dates the hang's onset by it)
+    details: dict[str, object] = {"cause": cause}
+    if silent_s is not None:
+        details["silent_s"] = silent_s
     return EventIn(
         key=key,
         type=EventType.hang_detected,
@@ -71,7 +84,7 @@ def _event(job: Job, rank: int | None, step: int | None, key: str, cause: str, n
         rank=rank,
         step=step,
         node=node,
-        details={"cause": cause},
+        details=details,
     )
 
 

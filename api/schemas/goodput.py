@@ -1,0 +1,71 @@
+"""Shapes of `GET /v1/jobs/{id}/goodput`: where a job's wall time went, and checkpoint-interval advice.
+
+The accounting itself (which interval belongs to which bucket) is defined in `api/services/goodput.py`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+LOST_BUCKETS = ("initialization", "checkpoint_stall", "fault_detection", "restart", "recompute", "shutdown")
+
+
+class Breakdown(BaseModel):
+    """One stretch of wall time, partitioned exactly: productive_s + sum(lost_s.values()) == wall_s."""
+
+    wall_s: float = Field(description="Seconds from the stretch's start to its end (now, for a job still running).")
+    productive_s: float = Field(description="Seconds spent training steps not trained before (no stalls, no redo).")
+    lost_s: dict[str, float] = Field(
+        description="Seconds lost, by cause: " + ", ".join(LOST_BUCKETS) + " (every key always present)."
+    )
+    ettr: float | None = Field(description="Effective training time ratio: productive_s / wall_s (null if wall is 0).")
+
+
+class AttemptGoodput(Breakdown):
+    attempt: int
+    start: datetime = Field(description="Launch of attempt 0, or the job_restart that created this attempt.")
+    end: datetime = Field(description="The next attempt's job_restart, the job's end, or now.")
+    failures: int = Field(description="Failures whose detection or onset fell in this attempt.")
+
+
+class IntervalPrediction(BaseModel):
+    """What the first-order model predicts for one checkpoint interval."""
+
+    interval_s: float = Field(description="Training seconds between checkpoints.")
+    interval_steps: float | None = Field(description="The same in steps (null when the step time is unknown).")
+    lost_fraction: dict[str, float] | None = Field(
+        description="checkpoint = C/tau, recompute = tau/(2M), restart = R/M (null without enough failures)."
+    )
+    predicted_ettr: float | None = Field(description="1 - the sum of lost_fraction, at least 0.")
+
+
+class Advice(BaseModel):
+    """The Young/Daly checkpoint interval from the job's own measurements."""
+
+    checkpoint_blocking_s: float | None = Field(description="C: median blocking_s of the job's checkpoint saves.")
+    checkpoints: int = Field(description="checkpoint_saved events C is measured from.")
+    failures: int
+    min_failures: int = Field(description="Failures needed before M is estimated.")
+    mtbf_s: float | None = Field(description="M: wall_s / failures (null until min_failures are seen).")
+    restart_cost_s: float | None = Field(description="R: (fault_detection + restart) seconds per failure.")
+    step_time_s: float | None = Field(description="Measured seconds per training step.")
+    optimal: IntervalPrediction | None = Field(description="tau = sqrt(2CM) and what it predicts.")
+    current: IntervalPrediction | None = Field(description="The job's spec.checkpoint.interval_steps, predicted.")
+    note: str = Field(description="What is missing for advice, or how to read it.")
+
+
+class GoodputOut(Breakdown):
+    """The job's total (the top-level fields), each attempt, and the advice."""
+
+    job_id: str
+    status: str
+    finished: bool = Field(description="False while the job runs: wall time then ends now.")
+    start: datetime | None = Field(description="Launch of attempt 0 (null before the job is launched).")
+    end: datetime | None = Field(description="The job's end event, or now for a job still running.")
+    failures: int = Field(description="Failures: training (or start-up) stretches ended by a detected fault.")
+    step_time_s: float | None = Field(description="Measured seconds per step (stalls excluded), over all runs.")
+    recomputed_steps: int = Field(description="Steps trained again after resuming from an older checkpoint.")
+    attempts: list[AttemptGoodput]
+    advice: Advice

@@ -1,0 +1,144 @@
+"""`GET /v1/jobs/{id}/goodput` on stored events (SQLite and PostgreSQL), and the dashboard/metrics slot."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).isoformat()
+
+
+def event(key: str, type_: str, t: float, **fields: Any) -> dict[str, Any]:
+    return {"key": key, "type": type_, "ts": at(t), **fields}
+
+
+def running(key: str, t: float, start_step: int, restart_count: int, ranks: int) -> list[dict[str, Any]]:
+    """Every rank reports; the last one at t (the run's start)."""
+    return [
+        event(
+            f"{key}:r{rank}",
+            "running",
+            t - 0.01 * (ranks - 1 - rank),
+            rank=rank,
+            step=start_step,
+            details={"restart_count": restart_count, "iteration": 0, "start_step": start_step, "world_size": ranks},
+        )
+        for rank in range(ranks)
+    ]
+
+
+def saved(key: str, begin: float, step: int) -> dict[str, Any]:
+    details = {"step": step, "blocking_s": 1.0, "total_s": 1.0, "bytes": 1000}
+    return event(key, "checkpoint_saved", begin + 1, rank=0, step=step, details=details)
+
+
+# test_accounting.test_in_job_restart_with_recompute, as a trainer and the supervisor would post it.
+HISTORY = [
+    event("submitted:a0", "submitted", 0),
+    *running("run0", 10, 0, 0, 8),
+    saved("ckpt100", 30, 100),
+    event("fault", "fault_injected", 41, rank=1, details={"kind": "crash"}),
+    event("rf", "rank_failed", 41.2, rank=0, step=150, details={"cause": "RuntimeError"}),
+    event("launcher", "rank_failed", 43, rank=1, step=150, details={"cause": "exit code 1", "source": "launcher"}),
+    event("injob:1", "injob_restart", 43, step=150, details={"restart_count": 1, "failed_step": 150}),
+    *running("run1", 50, 100, 1, 8),
+    saved("ckpt200", 70, 200),
+    event("end", "succeeded", 74),
+]
+
+
+def submitted(make_job: Any, **spec: Any) -> dict[str, Any]:
+    from api.core.db import session_scope
+    from api.models import jobs as job_store
+    from api.services import lifecycle
+
+    job = make_job(**spec)
+    with session_scope() as session:  # as the launch would
+        row = job_store.get(session, job["id"])
+        assert row is not None
+        lifecycle.transition(session, row, lifecycle.JobStatus.SUBMITTED)
+    return dict(job)
+
+
+def test_goodput_of_a_job_from_its_stored_events(admin: TestClient, make_job: Any) -> None:
+    job = submitted(make_job, procs_per_node=8, checkpoint={"interval_steps": 100, "engine": "sync"})
+    url = f"/v1/jobs/{job['id']}"
+    posted = admin.post(f"{url}/events", json={"events": HISTORY}, headers={"Authorization": f"Bearer {job['token']}"})
+    assert posted.status_code == 200, posted.text
+
+    response = admin.get(f"{url}/goodput")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["job_id"] == job["id"] and body["finished"] is True
+    assert body["wall_s"] == pytest.approx(74)
+    assert body["productive_s"] == pytest.approx(40)
+    assert body["lost_s"] == pytest.approx(
+        {
+            "initialization": 10,
+            "checkpoint_stall": 2,
+            "fault_detection": 0.2,
+            "restart": 8.8,
+            "recompute": 10,
+            "shutdown": 3,
+        }
+    )
+    assert body["ettr"] == pytest.approx(40 / 74)
+    assert body["failures"] == 1 and body["recomputed_steps"] == 50
+    assert body["step_time_s"] == pytest.approx(0.2)
+    assert [a["attempt"] for a in body["attempts"]] == [0]
+    assert body["attempts"][0]["wall_s"] == pytest.approx(74)
+    advice = body["advice"]
+    assert advice["checkpoint_blocking_s"] == 1 and advice["mtbf_s"] is None
+    assert advice["current"]["interval_steps"] == pytest.approx(100)
+    assert "not enough failures yet" in advice["note"]
+
+
+def test_goodput_before_launch_unknown_job_and_trainer_token(admin: TestClient, make_job: Any) -> None:
+    job = make_job()
+    body = admin.get(f"/v1/jobs/{job['id']}/goodput").json()
+    assert body["wall_s"] == 0 and body["ettr"] is None and body["start"] is None
+
+    missing = admin.get("/v1/jobs/nope/goodput")
+    assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
+
+    refused = admin.get(f"/v1/jobs/{job['id']}/goodput", headers={"Authorization": f"Bearer {job['token']}"})
+    assert refused.status_code == 403
+
+
+def test_dashboard_and_metrics_show_the_ettr(admin: TestClient, make_job: Any) -> None:
+    from api.core.db import session_scope
+    from api.models import jobs as job_store
+    from api.services import goodput_view
+
+    job = submitted(make_job, procs_per_node=8)
+    now = datetime.now(UTC)
+    recent = [
+        {"key": "s", "type": "submitted", "ts": (now - timedelta(seconds=100)).isoformat()},
+        {
+            "key": "r",
+            "type": "running",
+            "ts": (now - timedelta(seconds=80)).isoformat(),
+            "step": 0,
+            "details": {"restart_count": 0, "iteration": 0, "start_step": 0},
+        },
+    ]
+    assert admin.post(f"/v1/jobs/{job['id']}/events", json={"events": recent}).status_code == 200
+
+    with session_scope() as session:
+        row = job_store.get(session, job["id"])
+        assert row is not None
+        view = goodput_view.goodput_of(session, row)
+    assert view is not None and view.ettr == pytest.approx(0.8, abs=0.02)
+    assert view.wall_s == pytest.approx(100, abs=2)
+    assert dict(view.lost)["initialization"] == pytest.approx(20, abs=0.1)
+
+    metrics = admin.get("/metrics").text
+    line = next(x for x in metrics.splitlines() if x.startswith("ftplane_job_goodput_ratio") and job["id"] in x)
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(0.8, abs=0.02)
