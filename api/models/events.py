@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.database.tables import Event, Job
@@ -77,6 +77,12 @@ def page(
     if until is not None:
         query = query.where(Event.ts < until)
     return list(session.scalars(query.order_by(Event.id).limit(limit)))
+
+
+def latest_ts(session: Session, job_id: str, attempt: int, types: Sequence[str]) -> datetime | None:
+    return session.scalar(
+        select(func.max(Event.ts)).where(Event.job_id == job_id, Event.attempt == attempt, Event.type.in_(list(types)))
+    )
 
 
 def of_job(session: Session, job_id: str, *, types: Sequence[str] = ()) -> list[Event]:

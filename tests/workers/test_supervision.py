@@ -231,3 +231,43 @@ def test_cancel_of_a_launched_job_tears_it_down(admin: TestClient, make_job: Any
     supervise(job["id"])
     assert backend.cancels == [0]
     assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "CANCELLED"
+
+
+def test_ranks_restarting_after_a_failure_get_the_initial_timeout(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    from api.core.db import session_scope
+    from api.database.tables import RankLiveness
+    from api.schemas.events import utcnow
+
+    job = make_job(resiliency={"heartbeat_timeout_s": 5, "initial_heartbeat_timeout_s": 60, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    now = utcnow()
+    admin.post(
+        f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 0, "step": 9}, {"rank": 1, "step": 9}]}
+    )
+    with session_scope() as session:
+        for rank in (0, 1):
+            row = session.get(RankLiveness, (job["id"], rank))
+            assert row is not None
+            row.last_seen = now - timedelta(seconds=20)  # silent for 4× the timeout...
+    failure = {"key": "f", "type": "rank_failed", "rank": 1, "ts": (now - timedelta(seconds=15)).isoformat()}
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [failure]})  # ...because they are restarting
+    supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 0 and "hang_detected" not in types(admin, job["id"])
+
+    with session_scope() as session:
+        for rank in (0, 1):
+            row = session.get(RankLiveness, (job["id"], rank))
+            assert row is not None
+            row.last_seen = now - timedelta(seconds=100)
+    with session_scope() as session:  # the restart began long ago and nothing has come back
+        from sqlalchemy import update
+
+        from api.database.tables import Event
+
+        session.execute(update(Event).where(Event.key == "f").values(ts=now - timedelta(seconds=90)))
+    supervise(job["id"])
+    hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
+    assert hangs and "after a restart began" in hangs[0]["details"]["cause"]

@@ -3,20 +3,28 @@
 The in-pod launcher restarts a hung rank on its own (same timeouts); when a hang
 outlives twice the timeout, the launcher could not recover it and the
 supervisor escalates to a job-level restart.
+
+A rank that has not beaten since a failure or restart was reported is not hung but
+restarting: like ft_launcher after it restarts workers, it gets the initial timeout,
+counted from that report (processes must start, import, load a checkpoint).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from api.database.tables import Attempt, Job
+from api.database.tables import Attempt, Job, RankLiveness
+from api.models import events as event_store
 from api.models import liveness
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
 from api.services import reporting
+
+# Reports after which ranks are expected to go quiet for a while: they are being restarted.
+RESTART_MARKERS = (EventType.rank_failed, EventType.inprocess_restart, EventType.injob_restart)
 
 
 @dataclass(frozen=True)
@@ -39,15 +47,30 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
         cause = f"no heartbeat from any rank {waited:.1f} s after launch (initial timeout {initial:g} s)"
         _record(session, job, None, None, f"hang:a{job.attempt}:initial", cause)
         return Silence(cause, escalate=waited > 2 * initial)
-    silent = [r for r in ranks if r.last_seen < now - timedelta(seconds=timeout)]
+    restarting_since = event_store.latest_ts(session, job.id, job.attempt, RESTART_MARKERS)
+
+    def deadline(rank: RankLiveness) -> datetime:
+        if restarting_since is not None and restarting_since > rank.last_seen:
+            return restarting_since + timedelta(seconds=spec.resiliency.initial_heartbeat_timeout_s)
+        return rank.last_seen + timedelta(seconds=timeout)
+
+    silent = [r for r in ranks if deadline(r) < now]
     if not silent:
         return None
     events = []
     worst = 0.0
+    overdue = 0.0
     for rank in silent:
         quiet = (now - rank.last_seen).total_seconds()
         worst = max(worst, quiet)
+        overdue = max(overdue, (now - deadline(rank)).total_seconds())
         cause = f"no heartbeat for {quiet:.1f} s (timeout {timeout:g} s) at step {rank.step}"
+        if restarting_since is not None and restarting_since > rank.last_seen:
+            initial = spec.resiliency.initial_heartbeat_timeout_s
+            cause = (
+                f"no heartbeat {(now - restarting_since).total_seconds():.1f} s after a restart began "
+                f"(initial timeout {initial:g} s); last step {rank.step}"
+            )
         events.append(
             _event(
                 job,
@@ -61,7 +84,7 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
         )
     reporting.record_events(session, job, events)
     summary = f"{len(silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
-    return Silence(summary, escalate=worst > 2 * timeout)
+    return Silence(summary, escalate=overdue > timeout)
 
 
 def _event(
