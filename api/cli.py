@@ -187,6 +187,8 @@ def serve(
 
     import uvicorn
 
+    # uvicorn re-raises SIGTERM after its graceful shutdown; exit through `finally` so the worker is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     err.print(f"ftplane API on http://{settings.host}:{settings.port} (docs at /docs)")
     try:
         uvicorn.run(
