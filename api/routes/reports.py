@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -20,6 +20,7 @@ from api.schemas.events import (
     EventType,
     HeartbeatBatch,
     HeartbeatResult,
+    Instant,
     RankOut,
     utcnow,
 )
@@ -42,8 +43,8 @@ def list_events(
     session: SessionDep,
     _: AdminDep,
     type_: Annotated[list[EventType], Query(alias="type")] = [],  # noqa: B006
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Instant | None = None,
+    until: Instant | None = None,
     cursor: int = Query(default=0, ge=0, description="The next_cursor of the previous page."),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> EventPage:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 MAX_EVENTS_PER_BATCH = 1000
 MAX_HEARTBEATS_PER_BATCH = 20000
@@ -48,6 +49,38 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+EARLIEST_REPORT = datetime(2000, 1, 1, tzinfo=UTC)
+MAX_CLOCK_AHEAD = timedelta(days=1)
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
+def _not_a_number(value: Any) -> Any:
+    # pydantic would read a number as Unix time (seconds or milliseconds, a guess); the API says ISO 8601.
+    if isinstance(value, int | float) or (isinstance(value, str) and _NUMBER.fullmatch(value)):
+        raise ValueError("give an ISO 8601 timestamp with a time zone, e.g. 2026-01-31T12:00:00Z, not a number")
+    return value
+
+
+def _aware(value: datetime) -> datetime:
+    if value.utcoffset() is None:
+        raise ValueError("this timestamp has no time zone: add one, e.g. Z for UTC")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError("this timestamp is out of range") from exc
+
+
+def _plausible(value: datetime) -> datetime:
+    if not EARLIEST_REPORT <= value <= utcnow() + MAX_CLOCK_AHEAD:
+        raise ValueError("must be after 2000-01-01 and at most a day ahead of the control plane: check the clock")
+    return value
+
+
+# A point in time given by a client: ISO 8601 with a time zone (a naive one was a 500 before).
+Instant = Annotated[datetime, BeforeValidator(_not_a_number), AfterValidator(_aware)]
+# When a reported event or heartbeat happened: also within a plausible window.
+ReportedAt = Annotated[Instant, AfterValidator(_plausible)]
+
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
 
 
@@ -58,7 +91,7 @@ class EventIn(BaseModel):
 
     key: IdempotencyKey = Field(description="Sender-chosen idempotency key, unique per job.")
     type: EventType
-    ts: datetime | None = Field(default=None, description="When it happened; defaults to receipt time.")
+    ts: ReportedAt | None = Field(default=None, description="When it happened; defaults to receipt time.")
     attempt: int | None = Field(default=None, ge=0, le=10_000, description="Defaults to the job's current attempt.")
     rank: int | None = Field(default=None, ge=0, le=1_000_000)
     node: str | None = Field(default=None, max_length=253)
@@ -125,7 +158,7 @@ class HeartbeatIn(BaseModel):
 
     rank: int = Field(ge=0, le=1_000_000)
     step: int = Field(ge=0, le=10**12)
-    ts: datetime | None = None
+    ts: ReportedAt | None = None
     node: str | None = Field(default=None, max_length=253)
     throughput: float | None = Field(default=None, ge=0, le=1e15, description="Tokens or samples per second.")
     loss: float | None = Field(default=None, ge=-1e12, le=1e12)
