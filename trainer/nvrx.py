@@ -116,18 +116,52 @@ class Iteration:
 
 
 class RestartBudget(inprocess.health_check.HealthCheck):
-    """Refuse the restart after `max_iterations` in-process restarts: the process then exits, and
-    the next rung (ft_launcher's in-job restart) takes over."""
+    """Refuse a restart after `max_iterations` in-process restarts: every rank then leaves the
+    Wrapper and the process exits, so the next rung (ft_launcher's in-job restart) takes over.
+
+    NVRx runs health checks before every iteration and again before a restart; only the latter
+    counts. `BeforeRestart` (the Wrapper's `finalize`, which runs only on the restart path) tells
+    them apart. Every rank counts the same iterations, so all refuse together."""
 
     def __init__(self, max_iterations: int) -> None:
         self.max_iterations = max_iterations
+        self.restarting = False
 
     def __call__(self, state):  # noqa: ANN001, ANN204 - NVRx's FrozenState
-        if state.fn_exception is not None and state.iteration + 1 > self.max_iterations:
+        restarting, self.restarting = self.restarting, False
+        if restarting and state.iteration + 1 > self.max_iterations:
             raise RuntimeError(
                 f"in-process restart budget spent ({self.max_iterations} restart(s)); leaving recovery to ft_launcher"
             )
         return state
+
+
+class BeforeRestart(inprocess.finalize.Finalize):
+    def __init__(self, budget: RestartBudget) -> None:
+        self.budget = budget
+
+    def __call__(self, state):  # noqa: ANN001, ANN204
+        self.budget.restarting = True
+        return state
+
+
+class AllRanksOrNone(inprocess.rank_assignment.RankAssignment):
+    """Restart in process only with the whole world. NVRx's default would shrink the world around a
+    rank that left (terminated, or gone on to the next rung); FSDP's sharding and the per-rank data
+    would then silently change. Instead every rank leaves the Wrapper, and ft_launcher restarts the
+    worker group at full size."""
+
+    def __init__(self) -> None:
+        self.assign = inprocess.Compose(
+            inprocess.rank_assignment.ActivateAllRanks(), inprocess.rank_assignment.ShiftRanks()
+        )
+
+    def __call__(self, ctx):  # noqa: ANN001, ANN204 - NVRx's RankAssignmentCtx
+        if ctx.terminated_ranks:
+            raise inprocess.rank_assignment.RankDiscarded(
+                f"rank(s) {sorted(ctx.terminated_ranks)} left the in-process restart; leaving too"
+            )
+        return self.assign(ctx)
 
 
 def _restart_signal_types() -> tuple[type[BaseException], ...]:
@@ -151,14 +185,17 @@ def wrap_inprocess(train: Callable[[Iteration], None], cfg: Config, placement: P
     soft = datetime.timedelta(seconds=cfg.inprocess_soft_timeout_s)
     hard = datetime.timedelta(seconds=cfg.inprocess_hard_timeout_s)
     barrier = max(datetime.timedelta(seconds=120), hard + datetime.timedelta(seconds=30))
-    health: inprocess.health_check.HealthCheck = RestartBudget(cfg.inprocess_max_iterations)
+    budget = RestartBudget(cfg.inprocess_max_iterations)
+    health: inprocess.health_check.HealthCheck = budget
     on_cuda = placement.device.type == "cuda"
     if on_cuda:
-        health = inprocess.Compose(inprocess.health_check.CudaHealthCheck(), health)
+        health = inprocess.Compose(inprocess.health_check.CudaHealthCheck(), budget)
 
     wrapper = inprocess.Wrapper(
         store_kwargs={"host_name": placement.master_addr, "port": placement.wrapper_port},
         health_check=health,
+        finalize=BeforeRestart(budget),
+        rank_assignment=AllRanksOrNone(),
         soft_timeout=soft,
         hard_timeout=hard,
         heartbeat_timeout=datetime.timedelta(seconds=30),

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess import param_utils
+from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignmentCtx, RankDiscarded
 from nvidia_resiliency_ext.inprocess.state import State
 
 from tests.trainer.conftest import free_port
@@ -66,17 +67,29 @@ def test_the_wrapped_function_receives_the_call_wrapper() -> None:
     assert sentinel in (*args, *kwargs.values())
 
 
-def test_restart_budget() -> None:
+def test_restart_budget_counts_restarts_only() -> None:
     budget = nvrx.RestartBudget(max_iterations=2)
+    before_restart = nvrx.BeforeRestart(budget)
     state = State(rank=0, world_size=2)
-    for iteration in (0, 1):
-        state.iteration, state.fn_exception = iteration, RuntimeError("x")
-        assert budget(state.freeze()) is not None
+    for iteration in (0, 1):  # the failures of iterations 0 and 1 may restart (iterations 1 and 2)
+        state.iteration = iteration
+        assert budget(state.freeze()) is not None  # the check before the iteration starts
+        before_restart(state.freeze())
+        assert budget(state.freeze()) is not None  # the check before the restart
     state.iteration = 2
+    assert budget(state.freeze()) is not None  # iteration 2 runs...
+    before_restart(state.freeze())
     with pytest.raises(RuntimeError, match="in-process restart budget spent"):
-        budget(state.freeze())
-    state.fn_exception = None  # the check before an iteration starts never refuses
-    assert budget(state.freeze()) is not None
+        budget(state.freeze())  # ...but may not restart
+
+
+def test_in_process_restart_never_shrinks_the_world() -> None:
+    assignment = nvrx.AllRanksOrNone()
+    state = State(rank=1, world_size=2)
+    ctx = assignment(RankAssignmentCtx(state, None, set()))
+    assert ctx.state.active_world_size == 2 and ctx.state.active_rank == 1
+    with pytest.raises(RankDiscarded, match=r"rank\(s\) \[0\] left"):
+        assignment(RankAssignmentCtx(state, None, {0}))
 
 
 def test_restart_causes_first_writer_wins() -> None:

@@ -230,16 +230,38 @@ def test_torn_checkpoint_is_never_loaded(
     assert saved == [5, 10, 15, 20, 25, 30]
 
 
-def test_spent_in_job_restart_budget_fails_the_launcher(
+def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
     receiver: Receiver, launch: Callable[..., Job], tmp_path: Path
 ) -> None:
-    faults = [{"kind": "crash", "rank": 1, "at_step": 6}, {"kind": "crash", "rank": 0, "at_step": 8}]
-    env = trainer_env(receiver, tmp_path / "ckpt", extra={"FTPLANE_FAULTS": json.dumps(faults)})
+    """One in-process restart allowed, one in-job restart allowed, three faults: the first is
+    recovered in process, the second in job, the third ends the launcher with a non-zero exit."""
+    faults = [
+        {"kind": "exception", "rank": 1, "at_step": 6},
+        {"kind": "exception", "rank": 0, "at_step": 9},
+        {"kind": "crash", "rank": 1, "at_step": 12},
+    ]
+    env = trainer_env(
+        receiver,
+        tmp_path / "ckpt",
+        extra={
+            "FTPLANE_FAULTS": json.dumps(faults),
+            "FTPLANE_INPROCESS": "1",
+            "FTPLANE_INPROCESS_MAX_ITERATIONS": "1",
+            "FTPLANE_COLLECTIVE_TIMEOUT_S": "5",
+        },
+    )
     job = launch(launcher_command(TRAINER_ARGS, max_restarts=1), env)
     rc = job.wait(JOB_TIMEOUT_S)
     assert rc != 0, job.tail()
-    assert [(e["rank"], e["step"]) for e in receiver.of_type("fault_injected")] == [(1, 6), (0, 8)]
-    assert [e["details"]["restart_count"] for e in receiver.of_type("injob_restart")] == [1]
+    assert [(e["rank"], e["step"]) for e in receiver.of_type("fault_injected")] == [(1, 6), (0, 9), (1, 12)]
+    [inprocess] = receiver.of_type("inprocess_restart")
+    [injob] = receiver.of_type("injob_restart")
+    assert inprocess["details"]["iteration"] == 1 and injob["details"]["restart_count"] == 1
+    running = running_by(receiver)
+    assert set(running) == {(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1)}
+    assert running[(0, 1, 1)]["details"]["pid"] == running[(0, 0, 1)]["details"]["pid"]  # in process
+    assert running[(1, 0, 1)]["details"]["pid"] != running[(0, 1, 1)]["details"]["pid"]  # new processes
+    assert {e["details"]["world_size"] for e in running.values()} == {2}  # never trained on fewer ranks
     assert receiver.max_step() < STEPS
 
 

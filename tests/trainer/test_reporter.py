@@ -201,7 +201,7 @@ def test_no_event_lost_and_no_step_blocked_across_a_30s_outage(
     for rank in (0, 1):
         rows = [json.loads(line) for line in Path(str(metrics).replace("{rank}", str(rank))).read_text().splitlines()]
         outage = [r for r in rows if down_wall < r["t"] < up_wall]
-        assert len(outage) > outage_s / delay / 2
+        assert len(outage) >= 30  # training went on through the outage
         # Enqueueing a heartbeat takes microseconds; waiting on the network would take seconds
         # (connect timeout, backoff). The bound leaves room for a busy 2-core machine's scheduler.
         assert max(r["enqueue_s"] for r in outage) < 0.05
