@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -20,8 +21,11 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from api.devserver import ROOT, free_port
+from tests.conftest import PG_URL, require
 
 
 def wait_for(what: str, condition: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
@@ -34,6 +38,22 @@ def wait_for(what: str, condition: Callable[[], Any], timeout: float, interval: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh PostgreSQL database (as the `postgres_url` fixture makes), for wider scopes."""
+    base = make_url(require(PG_URL, "FTPLANE_TEST_DATABASE_URL"))
+    name = f"ftplane_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -95,9 +115,10 @@ class ApiProcess:
 class WorkerProcess:
     """A Celery worker with embedded beat, in a session of its own so that kill -9 takes beat too."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, loglevel: str = "INFO") -> None:
         self.env = child_env(**env)
         self.log = log
+        self.loglevel = loglevel
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -111,7 +132,7 @@ class WorkerProcess:
             "worker",
             "--beat",
             "--pool=solo",
-            "--loglevel=INFO",
+            f"--loglevel={self.loglevel}",
             "--without-gossip",
             "--without-mingle",
             "--without-heartbeat",
