@@ -245,6 +245,15 @@ class Checkpointer:
         if self._nvrx is not None:
             self._nvrx.close()
 
+    def abandon(self) -> None:
+        """After a fault: whatever save is in flight is never completed (so never loaded)."""
+        self._in_flight = None
+        if self._nvrx is not None:
+            try:
+                self._nvrx.abandon()
+            except Exception as exc:
+                log.warning("stopping the async checkpoint writer: %s", exc)
+
     def _finish_future(self) -> None:
         in_flight = self._in_flight
         assert in_flight is not None and in_flight.future is not None

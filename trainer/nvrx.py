@@ -292,4 +292,13 @@ class NvrxAsyncSaver:
         return self.queue.get_num_unfinalized_calls()
 
     def close(self) -> None:
+        """Finalize what is left (a collective) and stop the writer process."""
         self.queue.close()
+
+    def abandon(self) -> None:
+        """After a fault: stop the writer process without finalizing (no collectives with peers that
+        may be gone); what was in flight never gets its completion marker."""
+        self.queue.async_calls.clear()
+        caller = getattr(self.queue, "persistent_caller", None)
+        if caller is not None:
+            caller.close()  # waits for this rank's write in progress, then ends the process

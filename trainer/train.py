@@ -107,13 +107,14 @@ def train(
         )
 
     step = 0
+    checkpointer: Checkpointer | None = None
     try:
         # Model, sharded with FSDP2 over all ranks.
         args = cfg.model_args
-        torch.manual_seed(cfg.seed)
-        model = Transformer(args)
+        torch.manual_seed(cfg.seed)  # every rank builds the same full model, then keeps its shard
+        with placement.device:
+            model = Transformer(args)
         n_params = count_parameters(model)
-        model.to(placement.device)
         mesh = init_device_mesh(placement.device.type, (world_size,))
         precision = (
             MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -126,7 +127,7 @@ def train(
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
 
-        root = Path(cfg.checkpoint_dir) / "checkpoints" if cfg.checkpoint_dir else _scratch_dir(cfg)
+        root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else _scratch_dir(cfg)
         checkpointer = Checkpointer(
             root,
             engine=cfg.checkpoint_engine,
@@ -238,6 +239,8 @@ def train(
             metrics.close()
     except BaseException as exc:
         _report_failure(exc, cfg, reporter, causes, rank, step, iteration)
+        if checkpointer is not None:
+            checkpointer.abandon()
         raise
     finally:
         destroy_process_group()

@@ -30,7 +30,7 @@ JOB_TIMEOUT_S = 150
 
 
 def checkpoints_root(checkpoint_dir: Path) -> Path:
-    return checkpoint_dir / "checkpoints"
+    return checkpoint_dir  # step-<N> directories sit right in the job's checkpoint dir
 
 
 def flat_state(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
