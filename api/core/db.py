@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.core.config import Settings, get_settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+CONNECT_TIMEOUT_S = 5
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:
@@ -26,6 +27,9 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
     else:
         kwargs.update(pool_size=pool_size, max_overflow=pool_size * 2, pool_timeout=10)
+        # A database that takes connections but never answers would hold each request for the
+        # driver's default (over two minutes); fail it fast instead (503, and the client retries).
+        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):
         event.listen(engine, "connect", _sqlite_pragmas)
