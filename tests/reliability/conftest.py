@@ -194,10 +194,10 @@ class TcpProxy:
             self._drop(sock, reset=True)
 
     def _drop(self, sock: socket.socket, *, reset: bool = False) -> None:
-        other = self._pairs.pop(sock, None)
+        if sock not in self._pairs:
+            return  # closed already, with its other end
+        other = self._pairs.pop(sock)
         for s in (sock, other):
-            if s is None:
-                continue
             self._pairs.pop(s, None)
             with suppress(KeyError, ValueError):
                 self._selector.unregister(s)

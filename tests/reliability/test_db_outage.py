@@ -1,0 +1,139 @@
+"""PostgreSQL connection loss: requests fail cleanly (503, Retry-After, a JSON error) and the service
+heals by itself when the database is back, without a restart.
+
+The app reaches PostgreSQL through a TCP proxy that the test cuts (connections reset, port closed,
+as when the database restarts or its host is gone), stalls (connections accepted and never answered,
+as from a host that is up but a server that is not) and restores. The shared PostgreSQL server is
+never touched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import make_url
+
+from tests.conftest import configure_env, tiny_spec
+from tests.reliability.conftest import TcpProxy, wait_for
+from trainer.reporter import Reporter
+
+pytestmark = pytest.mark.postgres
+
+# How long one request may take while the database is away (the connect timeout, 2 s here, plus room).
+FAIL_FAST_S = 4.0
+
+
+def assert_clean_503(response: httpx.Response, took: float, what: str) -> None:
+    assert response.status_code == 503, f"{what}: {response.status_code} {response.text[:300]}"
+    assert int(response.headers["Retry-After"]) >= 1, what
+    error = response.json()["error"]
+    assert error["status"] == 503 and "database" in error["message"], what
+    assert took < FAIL_FAST_S, f"{what} took {took:.1f} s"
+
+
+@pytest.fixture
+def through_proxy(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, proxy_factory: Callable[[str, int], TcpProxy]
+) -> tuple[TcpProxy, TestClient, dict[str, Any]]:
+    real = make_url(postgres_url)
+    proxy = proxy_factory(real.host or "127.0.0.1", real.port or 5432)
+    url = real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    configure_env(monkeypatch, tmp_path / "state", url)
+    from api.core import db
+    from api.core.db import session_scope
+    from api.main import create_app
+    from api.models import tokens
+    from api.services import dispatch
+
+    monkeypatch.setattr(dispatch, "send", lambda *args: True)  # no broker here; the database is the subject
+    monkeypatch.setattr(db, "CONNECT_TIMEOUT_S", 2)  # the mechanism under test; 5 s in production
+    app = create_app()
+    with session_scope() as session:
+        _, token = tokens.create_admin(session, "tests")
+    admin = TestClient(app, headers={"Authorization": f"Bearer {token}"}, raise_server_exceptions=False)
+    job = admin.post("/v1/jobs", json=tiny_spec()).json()
+    return proxy, admin, job
+
+
+def requests_while_down(admin: TestClient, job: dict[str, Any], *, only: int | None = None) -> None:
+    """Every kind of request fails cleanly: reads, writes, trainer reports, auth itself."""
+    trainer = TestClient(admin.app, headers={"Authorization": f"Bearer {job['token']}"}, raise_server_exceptions=False)
+    calls: list[tuple[str, Callable[[], httpx.Response]]] = [
+        ("list jobs", lambda: admin.get("/v1/jobs")),
+        ("describe job", lambda: admin.get(f"/v1/jobs/{job['id']}")),
+        ("submit job", lambda: admin.post("/v1/jobs", json=tiny_spec(name="during"))),
+        (
+            "report events",
+            lambda: trainer.post(
+                f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "down", "type": "checkpoint_saved"}]}
+            ),
+        ),
+        (
+            "heartbeats",
+            lambda: trainer.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 0, "step": 1}]}),
+        ),
+    ]
+    for what, call in calls[:only]:
+        started = time.monotonic()
+        response = call()
+        assert_clean_503(response, time.monotonic() - started, what)
+    assert admin.get("/healthz").status_code == 200  # the process is alive: no restart wanted
+    ready = admin.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["checks"]["database"].startswith("unreachable")
+
+
+def healed(admin: TestClient, job: dict[str, Any]) -> None:
+    """Back by itself: the next requests succeed, on the same app and pool."""
+    wait_for("the API to answer again", lambda: admin.get("/v1/jobs").status_code == 200, timeout=15, interval=0.2)
+    assert admin.get(f"/v1/jobs/{job['id']}").status_code == 200
+    assert admin.get("/readyz").json()["checks"]["database"] == "ok"
+
+
+def test_a_cut_connection_is_a_clean_503_and_the_service_heals(
+    through_proxy: tuple[TcpProxy, TestClient, dict[str, Any]],
+) -> None:
+    proxy, admin, job = through_proxy
+    assert admin.get("/v1/jobs").status_code == 200  # pooled connections exist through the proxy
+    for _ in range(2):  # twice: recovery leaves nothing behind that breaks the next outage
+        proxy.cut()
+        requests_while_down(admin, job)
+        proxy.restore()
+        healed(admin, job)
+
+
+def test_a_silent_database_is_a_503_within_the_connect_timeout(
+    through_proxy: tuple[TcpProxy, TestClient, dict[str, Any]],
+) -> None:
+    proxy, admin, job = through_proxy
+    assert admin.get("/v1/jobs").status_code == 200
+    proxy.stall()  # existing connections reset; new ones accepted and never answered
+    requests_while_down(admin, job, only=2)  # each waits out the connect timeout
+    proxy.restore()
+    healed(admin, job)
+
+
+def test_reports_sent_during_the_outage_arrive_once_after_it(
+    through_proxy: tuple[TcpProxy, TestClient, dict[str, Any]],
+) -> None:
+    """The trainer's reporter gets 503s with Retry-After while the database is away, keeps the
+    events, and delivers each once when it is back."""
+    proxy, admin, job = through_proxy
+    transport: Any = TestClient(admin.app, raise_server_exceptions=False)._transport
+    reporter = Reporter("http://testserver", job["id"], 0, job["token"], transport=transport, backoff_cap_s=1.0)
+    keys = [reporter.event("checkpoint_saved", rank=0, step=step) for step in range(5)]
+    assert reporter.flush(10)
+    proxy.cut()
+    keys += [reporter.event("checkpoint_saved", rank=0, step=step) for step in range(5, 15)]
+    time.sleep(3)  # retried against 503s meanwhile
+    assert reporter.pending()[0] == 10
+    proxy.restore()
+    assert reporter.flush(30), "the reporter did not deliver after the database came back"
+    reporter.close()
+    stored = admin.get(f"/v1/jobs/{job['id']}/events", params={"limit": 100}).json()["items"]
+    assert sorted(e["key"] for e in stored) == sorted(keys)
