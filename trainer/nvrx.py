@@ -31,13 +31,13 @@ annotations.
 """
 
 import datetime
+import importlib.metadata
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import nvidia_resiliency_ext
 import torch
 import torch.distributed as dist
 from nvidia_resiliency_ext import inprocess
@@ -48,7 +48,10 @@ from trainer.distributed import Placement
 
 log = logging.getLogger(__name__)
 
-NVRX_VERSION = getattr(nvidia_resiliency_ext, "__version__", None)
+try:
+    NVRX_VERSION: str | None = importlib.metadata.version("nvidia-resiliency-ext")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - e.g. a source checkout on PYTHONPATH
+    NVRX_VERSION = None
 FT_RANK_MONITOR_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 
 

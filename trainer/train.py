@@ -167,6 +167,8 @@ def train(
                 "checkpoint_engine": checkpointer.engine,
                 "nvrx_heartbeats": heartbeats.connected,
                 "inprocess": cfg.inprocess,
+                "nvrx_version": nvrx.NVRX_VERSION,
+                "torch_version": torch.__version__,
             },
         )
 
