@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +183,27 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
+def runner_of(state_dir: Path) -> int | None:
+    """The live `local_runner` process of this attempt directory, if there is one."""
+    wanted = [b"-m", b"workers.backends.local_runner", str(state_dir).encode()]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if args[1:4] == wanted and process_start_time(int(entry.name)) is not None:
+            return int(entry.name)
+    return None
+
+
+def _write_record(run: LocalAttempt, record: Mapping[str, object]) -> None:
+    tmp = run.path / "launch.json.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, run.launch_file)
+
+
 class LocalBackend:
     name = "local"
 
@@ -205,7 +227,7 @@ class LocalBackend:
 
     def launch(self, request: LaunchRequest) -> None:
         run = self.attempt_dir(request.job_id, request.attempt)
-        if run.launched() is not None:
+        if run.launched() is not None or self._adopt(run):
             return
         run.path.mkdir(parents=True, exist_ok=True)
         port = free_port()
@@ -244,9 +266,26 @@ class LocalBackend:
             "command": command,
             "launched_at": time.time(),
         }
-        tmp = run.path / "launch.json.tmp"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, run.launch_file)
+        _write_record(run, record)
+
+    def _adopt(self, run: LocalAttempt) -> bool:
+        """Record a launch whose own record was lost: a worker killed between starting the runner and
+        writing launch.json. Launching again would run the attempt twice; the runner is adopted instead
+        (or, if it has already ended, its log and exit code stand for it)."""
+        pid = runner_of(run.path)
+        if pid is None and not run.log_file.exists():
+            return False  # nothing was started: launch
+        started = process_start_time(pid) if pid is not None else None
+        record = {
+            "pid": pid or 0,
+            "start_time": started if started is not None else -1,  # -1: never alive
+            "port": None,
+            "command": None,
+            "launched_at": time.time(),
+            "adopted": True,
+        }
+        _write_record(run, record)
+        return True
 
     def _alive(self, record: dict[str, object]) -> bool:
         pid = int(record["pid"])  # type: ignore[call-overload]
