@@ -1,0 +1,338 @@
+"""Crash safety: kill -9 the Celery worker while it submits, supervises and delivers; kill -9 the API
+while clients post batches. Nothing acknowledged is lost, nothing is done twice.
+
+Real processes throughout: a Celery worker (with beat) on the real Redis broker, jobs launched by
+the local backend under real ft_launcher, a uvicorn API on PostgreSQL. Assertions are on the
+database: one launch per attempt, unique events, every job at its terminal state, every webhook
+delivery delivered, every acknowledged batch stored exactly once.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from tests.conftest import REDIS_URL, configure_env, require
+from tests.reliability.conftest import ApiProcess, WorkerProcess, wait_for
+
+END = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+class HoldingReceiver:
+    """A webhook receiver that holds the first request it gets until released (the worker is killed
+    meanwhile, mid-delivery), then answers everything 200. Records the webhook-id of each request."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.first_arrived = threading.Event()
+        self.release = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the http.server API)
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                receiver.ids.append(self.headers.get("webhook-id", ""))
+                if not receiver.first_arrived.is_set():
+                    receiver.first_arrived.set()
+                    receiver.release.wait(20)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                except OSError:
+                    pass  # the worker that asked is dead
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def receiver() -> Iterator[HoldingReceiver]:
+    r = HoldingReceiver()
+    yield r
+    r.release.set()
+    r.server.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.postgres
+def test_worker_killed_while_submitting_supervising_and_delivering(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, receiver: HoldingReceiver
+) -> None:
+    settings = {
+        "FTPLANE_REDIS_URL": require(REDIS_URL, "FTPLANE_TEST_REDIS_URL"),
+        "FTPLANE_QUEUE": f"ftplane-crash-{uuid.uuid4().hex[:8]}",
+        "FTPLANE_SUPERVISE_INTERVAL_S": "0.5",
+        "FTPLANE_WEBHOOK_ALLOW_PRIVATE": "true",
+        "FTPLANE_WEBHOOK_TIMEOUT_S": "0.5",  # a delivery held by a dead worker is swept after 34 s + 15 s
+    }
+    data_dir = tmp_path / "state"
+    configure_env(monkeypatch, data_dir, postgres_url, **settings)
+    from api.core.db import session_scope
+    from api.main import create_app
+    from api.models import tokens
+
+    app = create_app()
+    with session_scope() as session:
+        _, token = tokens.create_admin(session, "tests")
+    admin = TestClient(app, headers={"Authorization": f"Bearer {token}"})
+    runs = data_dir / "runs"
+    worker_env = {**settings, "FTPLANE_DATA_DIR": str(data_dir), "FTPLANE_DATABASE_URL": postgres_url}
+    worker = WorkerProcess(worker_env, tmp_path / "worker.log").start()
+    starts = tmp_path / "starts.log"  # each trainer process that starts appends a line here
+    try:
+        hook = admin.post("/v1/webhooks", json={"url": receiver.url, "event_types": ["submitted", "succeeded"]})
+        assert hook.status_code == 201, hook.text
+        command = (
+            "import os, sys, time; "
+            "open(sys.argv[1], 'a').write(os.environ['FTPLANE_JOB_ID'] + ' a' "
+            "+ os.environ['FTPLANE_ATTEMPT'] + '\\n'); "
+            "time.sleep(4)"
+        )
+        spec = {
+            "command": ["python", "-c", command, str(starts)],
+            "procs_per_node": 1,
+            "resiliency": {"max_in_job_restarts": 0, "max_job_restarts": 1},
+        }
+        jobs = [admin.post("/v1/jobs", json={**spec, "name": f"crash-{i}"}).json()["id"] for i in range(3)]
+
+        # 1. Killed while submitting: as soon as the first launch has begun on disk.
+        wait_for("a launch to begin", lambda: any(runs.glob("*/a0")), 60, interval=0.01)
+        worker.kill9()
+        worker.start()
+        # 2. Killed while delivering: the receiver holds the first webhook until the worker is dead.
+        assert receiver.first_arrived.wait(60), "no webhook was delivered"
+        worker.kill9()
+        receiver.release.set()
+        worker.start()
+        # 3. Killed while supervising: right when a job's processes end, as the supervisor records it.
+        wait_for("a job's processes to end", lambda: any(runs.glob("*/a0/exit_code")), 60, interval=0.01)
+        worker.kill9()
+        worker.start()
+
+        for job_id in jobs:
+            wait_for(f"job {job_id} to end", lambda j=job_id: admin.get(f"/v1/jobs/{j}").json()["status"] in END, 90)
+        wait_for("every webhook delivery to be delivered", lambda: pending_deliveries() == 0, 100, interval=0.5)
+    finally:
+        worker.stop()
+
+    # Every job is supervised again after the restarts and reaches its end, launched once.
+    launches = collections.Counter(starts.read_text().split("\n")[:-1])
+    from api.core.db import session_scope as scope
+    from api.database.tables import Attempt, Event, Job, WebhookDelivery
+
+    with scope() as session:
+        for job_id in jobs:
+            job = session.get(Job, job_id)
+            assert job is not None and job.status == "SUCCEEDED", (job_id, job and job.status_reason)
+            attempts = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).all()
+            assert [(a.number, a.status) for a in attempts] == [(0, "SUCCEEDED")]
+            assert launches[f"{job_id} a0"] == 1, f"attempt 0 of {job_id} was launched {launches[f'{job_id} a0']} times"
+            types = collections.Counter(session.scalars(select(Event.type).where(Event.job_id == job_id)))
+            assert types["submitted"] == 1 and types["succeeded"] == 1, types
+            assert all(n == 1 for n in types.values()), f"an event of {job_id} was recorded twice: {types}"
+        # One delivery per (subscription, event), each delivered; the receiver saw each at least once.
+        rows = session.execute(select(WebhookDelivery.event_id, WebhookDelivery.status, WebhookDelivery.id)).all()
+        events = session.scalar(
+            select(func.count()).select_from(Event).where(Event.type.in_(["submitted", "succeeded"]))
+        )
+    assert len(rows) == events == 2 * len(jobs)
+    assert len({r.event_id for r in rows}) == len(rows) and {r.status for r in rows} == {"delivered"}
+    assert {r.id for r in rows} <= set(receiver.ids)
+    assert worker.starts == 4
+    repeated = sum(n - 1 for n in collections.Counter(receiver.ids).values())
+    print(f"\n3 kill -9 of the worker survived; {len(rows)} deliveries, {repeated} sent twice (same webhook-id)")
+
+
+def pending_deliveries() -> int:
+    from api.core.db import session_scope
+    from api.database.tables import WebhookDelivery
+
+    with session_scope() as session:
+        return int(
+            session.scalar(
+                select(func.count()).select_from(WebhookDelivery).where(WebhookDelivery.status != "delivered")
+            )
+            or 0
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_api_killed_mid_batch_loses_no_acknowledged_event(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Clients post event batches while the API is killed -9 and restarted on the same port; a batch
+    that got a 200 is stored, exactly once; the others are sent again after the restart."""
+    configure_env(monkeypatch, tmp_path / "state", postgres_url)
+    from api.core.db import session_scope
+    from api.database.tables import Event
+    from api.main import create_app
+    from api.models import jobs as job_store
+    from api.models import tokens
+    from api.schemas.spec import JobSpec
+
+    create_app()  # migrates
+    with session_scope() as session:
+        job = job_store.create(session, JobSpec(name="batches", command=["true"]))
+        _, token = tokens.create_trainer(session, job.id)
+        job_id = job.id
+    api = ApiProcess(tmp_path / "api", {"FTPLANE_DATABASE_URL": postgres_url, "FTPLANE_DATA_DIR": str(tmp_path / "s")})
+    api.start()
+    url = f"{api.url}/v1/jobs/{job_id}/events"
+    stop = threading.Event()
+    replies: dict[str, list[dict[str, int]]] = collections.defaultdict(list)  # batch -> its 200 replies
+    resent: set[str] = set()  # batches sent again because a try got no answer (the kill)
+    lock = threading.Lock()
+
+    def batch(name: str) -> dict[str, Any]:
+        return {"events": [{"key": f"{name}-{i}", "type": "checkpoint_saved", "step": i} for i in range(50)]}
+
+    def client(n: int) -> None:
+        """Sends its batches one after another; a batch without a 200 is sent again, same keys."""
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10) as http:
+            i = 0
+            while not stop.is_set():
+                name = f"c{n}-b{i}"
+                while True:
+                    try:
+                        reply = http.post(url, json=batch(name))
+                    except httpx.TransportError:
+                        reply = None
+                    if reply is not None and reply.status_code == 200:
+                        with lock:
+                            replies[name].append(reply.json())
+                        break
+                    with lock:
+                        resent.add(name)
+                    time.sleep(0.1)
+                i += 1
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for("batches to flow", lambda: len(replies) >= 20, 30)
+        api.kill(signal.SIGKILL)  # mid-batch: four clients have requests in flight
+        at_kill = len(replies)
+        api.start()
+        wait_for("batches to flow again", lambda: len(replies) >= at_kill + 20, 30)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        api.kill(signal.SIGTERM)
+
+    assert resent, "the kill landed between requests: nothing was in flight"
+    with session_scope() as session:
+        keys = list(session.scalars(select(Event.key).where(Event.job_id == job_id)))
+    assert len(keys) == len(set(keys)) == 50 * len(replies)
+    assert set(keys) == {f"{name}-{i}" for name in replies for i in range(50)}
+    for name, answers in replies.items():
+        assert len(answers) == 1 and answers[0]["stored"] + answers[0]["duplicates"] == 50, (name, answers)
+    # A batch committed just before the kill, whose reply was lost: its resend stored nothing again.
+    stored_before_kill = [name for name in resent if replies[name][0]["duplicates"] == 50]
+    assert all(replies[name][0]["duplicates"] == 0 for name in replies if name not in resent)
+    assert sum(a[0]["stored"] for a in replies.values()) + 50 * len(stored_before_kill) == len(keys)
+    print(
+        f"\n{len(replies)} batches acknowledged; {len(resent)} sent again after the kill, "
+        f"{len(stored_before_kill)} of which had been stored before it (the resend stored nothing twice)"
+    )
+
+
+def test_a_failed_commit_is_never_acknowledged(
+    admin: TestClient, make_job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reply is sent after the commit, so a commit that fails is an error, never a 200."""
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from tests.conftest import row_counts
+
+    job = make_job()
+    trainer = TestClient(admin.app, headers={"Authorization": f"Bearer {job['token']}"}, raise_server_exceptions=False)
+    before = row_counts()
+    real_commit = Session.commit
+
+    def failing_commit(self: Session) -> None:
+        if self.new or self.dirty or self.info.get("ftplane.after_commit"):
+            raise OperationalError("COMMIT", {}, Exception("connection lost at commit"))
+        real_commit(self)
+
+    monkeypatch.setattr(Session, "commit", failing_commit)
+    response = trainer.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "k", "type": "checkpoint_saved"}]})
+    monkeypatch.setattr(Session, "commit", real_commit)
+    assert response.status_code == 503, response.text
+    assert row_counts() == before
+
+
+def _runners(state_dir: Path) -> list[int]:
+    wanted = [b"-m", b"workers.backends.local_runner", str(state_dir).encode()]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().split(b"\0")[1:4] == wanted:
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("runner_state", ["running", "ended"])
+def test_a_launch_whose_record_was_lost_is_adopted_not_repeated(tmp_path: Path, runner_state: str) -> None:
+    """The window the chaos test hits by chance, made certain: the worker started the attempt's
+    runner and was killed before writing launch.json. The launch, run again, must not start it twice."""
+    import subprocess
+    import sys
+
+    from api.schemas.spec import JobSpec
+    from workers.backends.base import AttemptPhase, LaunchRequest
+    from workers.backends.local import LocalBackend, runner_of
+
+    backend = LocalBackend(runs_dir=tmp_path / "runs")
+    spec = JobSpec(name="adopt", command=["sleep", "30"])
+    request = LaunchRequest(job_id="j1", attempt=0, spec=spec, token="t", control_plane_url="http://127.0.0.1:9")
+    run = backend.attempt_dir("j1", 0)
+    run.path.mkdir(parents=True)
+    command = ["sleep", "30"] if runner_state == "running" else ["true"]
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "workers.backends.local_runner", str(run.path), "--", *command],
+        start_new_session=True,
+    )
+    try:
+        if runner_state == "running":
+            wait_for("the runner to start", lambda: runner_of(run.path) == runner.pid, 10, interval=0.01)
+        else:
+            runner.wait(10)
+        backend.launch(request)  # the launch again, by the next worker
+        record = run.launched()
+        assert record is not None and record.get("adopted") is True
+        status = backend.status("j1", 0, spec)
+        if runner_state == "running":
+            assert record["pid"] == runner.pid and status.phase == AttemptPhase.running
+            assert _runners(run.path) == [runner.pid], "a second runner was started"
+        else:
+            assert status.phase == AttemptPhase.succeeded and _runners(run.path) == []
+    finally:
+        backend.cancel("j1", 0, spec)
+        runner.kill()
+        runner.wait(10)
