@@ -172,9 +172,8 @@ class Checkpointer:
         step, path = choice[0]
         started = time.monotonic()
         model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path)  # in place
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
         load_s = time.monotonic() - started
         self.last_saved_step = step
         if self.rank == 0:
@@ -219,8 +218,8 @@ class Checkpointer:
             in_flight.blocking_s = time.monotonic() - started
             self._in_flight = in_flight
         else:
-            result = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
-            future = getattr(result, "upload_completion", result)  # AsyncSaveResponse on newer torch
+            result: Any = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
+            future: Future = getattr(result, "upload_completion", result)  # AsyncSaveResponse on newer torch
             self._in_flight = _InFlight(step, path, started, time.monotonic() - started, future=future)
 
     def poll(self) -> None:

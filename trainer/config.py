@@ -207,11 +207,13 @@ def parse_faults(text: str | Sequence[Mapping[str, Any]] | None) -> list[FaultSp
         kind = item.get("kind")
         if kind not in FAULT_KINDS:
             raise ConfigError(f"{where}.kind: {kind!r} is not one of {', '.join(FAULT_KINDS)}")
-        rank, at_step = item.get("rank"), item.get("at_step")
-        for name, value in (("rank", rank), ("at_step", at_step)):
+        numbers = {}
+        for name in ("rank", "at_step"):
+            value = item.get(name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{where}.{name}: expected an integer >= 0, got {value!r}")
-        faults.append(FaultSpec(kind=kind, rank=rank, at_step=at_step))
+            numbers[name] = value
+        faults.append(FaultSpec(kind=kind, **numbers))
     return faults
 
 

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -68,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
             details={"restart_count": placement.restart_count},
         )
 
-    run = functools.partial(train, cfg, placement, reporter, faults, heartbeats, store, causes)
-    run = nvrx.wrap_inprocess(run, cfg, placement) if cfg.inprocess else functools.partial(run, nvrx.Iteration())
+    train_iteration = functools.partial(train, cfg, placement, reporter, faults, heartbeats, store, causes)
+    run: Callable[[], None] = (
+        nvrx.wrap_inprocess(train_iteration, cfg, placement)
+        if cfg.inprocess
+        else functools.partial(train_iteration, nvrx.Iteration())
+    )
 
     try:
         run()
