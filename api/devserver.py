@@ -57,8 +57,8 @@ def ftplane_server(
         FTPLANE_URL=f"http://127.0.0.1:{port}",
         FTPLANE_SUPERVISE_INTERVAL_S="0.5",
         COLUMNS="200",
-        **extra_env,
     )
+    env.update(extra_env)  # a caller may override the defaults above (e.g. the supervision period)
     data_dir = Path(env.get("FTPLANE_DATA_DIR", workdir / ".ftplane"))
     if not data_dir.is_absolute():
         data_dir = workdir / data_dir

@@ -1,0 +1,365 @@
+"""Shared benchmark helpers: a fresh PostgreSQL database, the API under uvicorn, CPU meters, a load
+generator in its own process, percentiles and tables.
+
+Everything runs on loopback. Nothing here is part of `make test`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import multiprocessing
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+# ---- the machine ---------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    """What the figures were measured on, in words (no host names)."""
+    gpu = "GPU" if Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") else "no GPU"
+    memory = psutil.virtual_memory().total / 2**30
+    return (
+        f"{os.cpu_count()} cores, {memory:.0f} GB RAM, {gpu}; {platform.system()} {platform.machine()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ---- PostgreSQL ----------------------------------------------------------------------------------
+
+
+def base_database_url() -> str:
+    return os.environ.get("FTPLANE_BENCH_DATABASE_URL") or os.environ.get("FTPLANE_TEST_DATABASE_URL") or DEFAULT_PG
+
+
+@contextlib.contextmanager
+def fresh_database(base: str | None = None, prefix: str = "ftplane_bench") -> Iterator[str]:
+    """A new, empty PostgreSQL database (dropped afterwards), with the schema migrated to head."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from api.core.db import upgrade_to_head
+
+    url = make_url(base or base_database_url())
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    target = url.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade_to_head(url=target)
+        yield target
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def create_admin_token(database_url: str) -> str:
+    from sqlalchemy.orm import Session
+
+    from api.core.db import make_engine
+    from api.models import tokens
+
+    engine = make_engine(database_url)
+    try:
+        with Session(engine) as session:
+            _, token = tokens.create_admin(session, "benchmark")
+            session.commit()
+    finally:
+        engine.dispose()
+    return token
+
+
+# ---- the API under uvicorn -----------------------------------------------------------------------
+
+
+@dataclass
+class ApiServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def processes(self) -> list[psutil.Process]:
+        """The uvicorn supervisor and its worker processes."""
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+
+def server_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTPLANE_")}
+    env.update(
+        PYTHONPATH=str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        FTPLANE_DATABASE_URL=database_url,
+        FTPLANE_DATA_DIR=str(data_dir),
+        FTPLANE_LOG_LEVEL="WARNING",
+        **extra,
+    )
+    return env
+
+
+@contextlib.contextmanager
+def uvicorn_api(
+    database_url: str, workdir: Path, *, workers: int = 1, ready_timeout: float = 60, **extra_env: str
+) -> Iterator[ApiServer]:
+    """`uvicorn api.main:create_app` (the API only: no Celery worker, no beat) on a free loopback port."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = server_env(database_url, workdir / ".ftplane", **extra_env)
+    log_path = workdir / "uvicorn.log"
+    command = [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None:
+                raise RuntimeError(f"uvicorn exited:\n{log_path.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn was not ready in {ready_timeout:.0f} s; see {log_path}")
+            time.sleep(0.2)
+        # every worker answers: a few more requests so each has imported and connected
+        for _ in range(4 * workers):
+            httpx.get(f"{url}/healthz", timeout=5)
+        yield ApiServer(url, process, log_path)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+# ---- CPU -----------------------------------------------------------------------------------------
+
+
+def postgres_processes(database: str | None = None) -> list[psutil.Process]:
+    """The server's own processes (checkpointer, WAL writer, ...) and the backends serving `database`
+    (all backends when None): PostgreSQL here may also serve other people's work."""
+    out = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        name = p.info.get("name") or ""
+        title = " ".join(p.info.get("cmdline") or [])
+        if not (name.startswith("postgres") or title.startswith("postgres:")):
+            continue
+        backend = title.startswith("postgres: ") and "(" in title  # "postgres: 15/main: user db 127.0.0.1(port) ..."
+        if database is None or not backend or f" {database} " in title:
+            out.append(p)
+    return out
+
+
+class CpuMeter:
+    """CPU time used by groups of processes over an interval, in cores (1.0 = one core busy).
+
+    Each group is a function returning its processes, asked again at start (PostgreSQL forks a
+    backend per connection). `machine` is every process on the host; `other` is the machine minus the
+    groups and `extra` (what the caller measured itself, e.g. the load generator): other people's load.
+    """
+
+    def __init__(self, groups: dict[str, Callable[[], Sequence[psutil.Process]]]):
+        self.groups = groups
+        self.started = 0.0
+        self.procs: dict[str, list[psutil.Process]] = {}
+        self.before: dict[str, dict[int, float]] = {}
+        self.machine_before = 0.0
+
+    @staticmethod
+    def _cpu(procs: Sequence[psutil.Process]) -> dict[int, float]:
+        out = {}
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+        return out
+
+    def start(self) -> None:
+        self.procs = {name: list(fn()) for name, fn in self.groups.items()}
+        self.before = {name: self._cpu(procs) for name, procs in self.procs.items()}
+        self.machine_before = _busy_seconds()
+        self.started = time.monotonic()
+
+    def stop(self, extra: float = 0.0) -> dict[str, float]:
+        elapsed = max(1e-9, time.monotonic() - self.started)
+        out = {}
+        for name, fn in self.groups.items():
+            seen = {p.pid: p for p in [*self.procs[name], *fn()]}  # processes started meanwhile count from 0
+            now = self._cpu(list(seen.values()))
+            out[name] = sum(t - self.before[name].get(pid, 0.0) for pid, t in now.items()) / elapsed
+        out["machine"] = (_busy_seconds() - self.machine_before) / elapsed
+        out["other"] = max(0.0, out["machine"] - sum(out[n] for n in self.groups) - extra)
+        return out
+
+
+def _busy_seconds() -> float:
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+
+
+# ---- the load generator (its own process) --------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """Closed loop: `concurrency` connections, each posting back to back, until `duration_s` or
+    `max_requests`. Body i is `template` with b"@STEP@" and b"@TS@" filled in (fresh per request)."""
+
+    url: str
+    path: str
+    token: str
+    templates: list[bytes]
+    concurrency: int
+    duration_s: float
+    max_requests: int
+    warmup_s: float = 1.0
+
+
+@dataclass
+class LoadResult:
+    requests: int
+    errors: int
+    elapsed_s: float
+    latencies_ms: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    cpu_cores: float = 0.0
+
+    def p(self, q: float) -> float:
+        return percentile(self.latencies_ms, q)
+
+
+def run_load(load: Load) -> LoadResult:
+    """Run `load` in a child process (so the generator's CPU is not the caller's) and return its result."""
+    ctx = multiprocessing.get_context("spawn")
+    queue: Any = ctx.Queue()
+    child = ctx.Process(target=_load_child, args=(load, queue))
+    child.start()
+    result: LoadResult = queue.get()
+    child.join()
+    return result
+
+
+def _load_child(load: Load, queue: Any) -> None:
+    started_cpu = time.process_time()
+    result = asyncio.run(_drive(load))
+    result.cpu_cores = (time.process_time() - started_cpu) / max(1e-9, result.elapsed_s + load.warmup_s)
+    queue.put(result)
+
+
+async def _drive(load: Load) -> LoadResult:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {load.token}", "Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=load.concurrency, force_close=False)
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    counter = 0
+    errors = 0
+    async with aiohttp.ClientSession(load.url, connector=connector, headers=headers) as session:
+
+        async def one(i: int) -> tuple[float, int]:
+            body = load.templates[i % len(load.templates)]
+            body = body.replace(b"@STEP@", str(i).encode()).replace(b"@TS@", _now_iso().encode())
+            t = time.perf_counter()
+            async with session.post(load.path, data=body) as response:
+                await response.read()
+                return (time.perf_counter() - t) * 1000, response.status
+
+        warm_until = time.monotonic() + load.warmup_s
+
+        async def warm() -> None:
+            i = 0
+            while time.monotonic() < warm_until:
+                await one(i)
+                i += 1
+
+        await asyncio.gather(*(warm() for _ in range(load.concurrency)))
+        started = time.monotonic()
+        deadline = started + load.duration_s
+
+        async def worker() -> None:
+            nonlocal counter, errors
+            while time.monotonic() < deadline and counter < load.max_requests:
+                i = counter
+                counter += 1
+                try:
+                    ms, status = await one(i)
+                except aiohttp.ClientError:
+                    errors += 1
+                    continue
+                statuses[status] = statuses.get(status, 0) + 1
+                if status == 200:
+                    latencies.append(ms)
+                else:
+                    errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(load.concurrency)))
+        elapsed = time.monotonic() - started
+    return LoadResult(counter, errors, elapsed, latencies, statuses)
+
+
+def _now_iso() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat()
+
+
+# ---- numbers -------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), nearest rank; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "-" if math.isnan(v) else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}")
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ratio(value: float, baseline: float) -> str:
+    if not baseline or math.isnan(value) or math.isnan(baseline):
+        return "-"
+    return f"{value / baseline:.1f}×"
