@@ -130,10 +130,11 @@ def test_enqueue_never_waits_on_a_slow_control_plane(receiver: Receiver) -> None
         if step % 100 == 0:
             reporter.event("checkpoint_saved", rank=0, step=step)
         took.append(time.perf_counter() - started)
-    # Each request takes 2 s: an enqueue that waited on one would take seconds. What remains is
-    # the interpreter's thread switching (5 ms slices) while the reporter thread encodes JSON.
-    assert max(took) < 0.05, f"an enqueue took {max(took) * 1000:.1f} ms"
-    assert statistics.mean(took) < 0.0005
+    # Each request takes 2 s: an enqueue that waited on one would take 2 s. What remains is thread
+    # switching (5 ms slices) while the reporter thread encodes JSON, and a busy machine's scheduler.
+    took.sort()
+    assert took[-1] < 0.5, f"an enqueue took {took[-1] * 1000:.1f} ms"
+    assert took[int(len(took) * 0.99)] < 0.005 and statistics.mean(took) < 0.0005
     receiver.delay_s = 0.0
     assert reporter.close(15)
     assert len(receiver.of_type("checkpoint_saved")) == 200
@@ -203,8 +204,9 @@ def test_no_event_lost_and_no_step_blocked_across_a_30s_outage(
         outage = [r for r in rows if down_wall < r["t"] < up_wall]
         assert len(outage) >= 30  # training went on through the outage
         # Enqueueing a heartbeat takes microseconds; waiting on the network would take seconds
-        # (connect timeout, backoff). The bound leaves room for a busy 2-core machine's scheduler.
-        assert max(r["enqueue_s"] for r in outage) < 0.05
+        # (refused connections, backoff up to 5 s). The bounds leave room for a busy scheduler.
+        enqueues = sorted(r["enqueue_s"] for r in outage)
+        assert enqueues[-1] < 0.5 and enqueues[int(len(enqueues) * 0.95)] < 0.005
         assert max(r["step_s"] for r in outage) < delay + 0.5
         before = sorted(r["step_s"] for r in rows if r["t"] < down_wall)[5:]
         assert statistics.median(r["step_s"] for r in outage) < statistics.median(before) * 1.5
