@@ -1,0 +1,133 @@
+"""The control plane down for 60 s under a real trainer: training never waits, nothing is lost.
+
+A real `python -m trainer` (standalone, one rank) reports to a real API (uvicorn); the API is killed
+and comes back 60 s later on the same port. The trainer's `--metrics-file` records each step's time
+(`step_s`) and how long handing the heartbeat to the reporter took (`enqueue_s`): no step may be
+blocked by the outage, and every event reported meanwhile must be stored afterwards, once.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import configure_env
+from tests.reliability.conftest import ApiProcess, child_env, wait_for
+
+pytestmark = pytest.mark.slow
+
+OUTAGE_S = 60.0
+STEP_DELAY_S = 0.1
+STEPS = 640  # ~40 before the outage, ~480 during it, the rest after it (events must arrive)
+CHECKPOINT_EVERY = 40
+ENQUEUE_BLOCKED_S = 0.05  # handing a heartbeat to the reporter takes microseconds; the network, seconds
+STEP_BLOCKED_S = 0.5  # over the usual step time
+
+
+def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    database = tmp_path / "ftplane.db"
+    configure_env(monkeypatch, tmp_path / "state", f"sqlite:///{database}")
+    from api.core.db import session_scope
+    from api.main import create_app
+    from api.models import jobs as job_store
+    from api.models import tokens
+    from api.schemas.spec import JobSpec
+
+    create_app()  # migrates
+    with session_scope() as session:
+        job = job_store.create(session, JobSpec(name="outage", command=["python", "-m", "trainer"]))
+        _, trainer_token = tokens.create_trainer(session, job.id)
+        _, admin_token = tokens.create_admin(session, "tests")
+        job_id = job.id
+    api = ApiProcess(
+        tmp_path / "api", {"FTPLANE_DATABASE_URL": f"sqlite:///{database}", "FTPLANE_DATA_DIR": str(tmp_path / "s")}
+    ).start()
+    admin = httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=10)
+
+    metrics = tmp_path / "metrics.jsonl"
+    command = [
+        sys.executable, "-m", "trainer", "--model", "tiny", "--steps", str(STEPS),
+        "--step-delay-s", str(STEP_DELAY_S), "--metrics-file", str(metrics), "--log-every", "50",
+    ]  # fmt: skip
+    env = child_env(
+        FTPLANE_URL=api.url,
+        FTPLANE_JOB_ID=job_id,
+        FTPLANE_ATTEMPT="0",
+        FTPLANE_TOKEN=trainer_token,
+        FTPLANE_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+        FTPLANE_CHECKPOINT_ENGINE="async",
+        FTPLANE_CHECKPOINT_INTERVAL=str(CHECKPOINT_EVERY),
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
+    log = tmp_path / "trainer.log"
+    with log.open("wb") as out:
+        trainer = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for("the trainer to report step 40", lambda: reported_step(admin, job_id) >= 40, 90, interval=0.2)
+        api.kill(signal.SIGKILL)
+        down = time.time()
+        time.sleep(OUTAGE_S)  # the outage itself is what is under test
+        api.start()
+        up = time.time()
+        assert trainer.wait(timeout=120) == 0, log.read_text()[-3000:]
+        events = all_events(admin, job_id)
+        final_step = reported_step(admin, job_id)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        api.kill(signal.SIGTERM)
+
+    # Training went on at its usual pace while the control plane was away: no step was blocked.
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    before = [r for r in rows if r["t"] < down]
+    during = [r for r in rows if down < r["t"] < up]
+    usual = statistics.median(r["step_s"] for r in before[5:])
+    blocked = [r for r in during if r["enqueue_s"] > ENQUEUE_BLOCKED_S or r["step_s"] > usual + STEP_BLOCKED_S]
+    assert len(during) > 0.8 * OUTAGE_S / (usual + 0.01), f"only {len(during)} steps ran during the outage"
+    assert blocked == [], f"{len(blocked)} steps blocked by the outage: {blocked[:3]}"
+    assert statistics.median(r["step_s"] for r in during) < usual * 1.5
+
+    # Every event arrived, once; those of the outage were stored after it.
+    saved = [e for e in events if e["type"] == "checkpoint_saved"]
+    assert sorted(e["step"] for e in saved) == list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))
+    assert len({e["key"] for e in events}) == len(events)
+    assert [e["type"] for e in events].count("running") == 1
+    in_outage = [e for e in saved if down < datetime.fromisoformat(e["ts"]).timestamp() < up]
+    assert len(in_outage) >= OUTAGE_S * 0.6 / (usual * CHECKPOINT_EVERY), "the outage covered too few checkpoints"
+    assert final_step == STEPS  # the newest heartbeat caught up too
+    assert trainer_token not in log.read_text()
+    print(
+        f"\n{len(during)} steps trained during the {OUTAGE_S:.0f} s outage, {len(blocked)} blocked "
+        f"(max enqueue {max(r['enqueue_s'] for r in during) * 1000:.2f} ms); {len(events)} events stored, "
+        f"{len(in_outage)} of them reported during the outage"
+    )
+
+
+def reported_step(admin: httpx.Client, job_id: str) -> int:
+    try:
+        ranks = admin.get(f"/v1/jobs/{job_id}/ranks").json()
+    except httpx.TransportError:
+        return -1
+    return max((r["step"] for r in ranks), default=-1)
+
+
+def all_events(admin: httpx.Client, job_id: str) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    cursor = "0"
+    while cursor is not None:
+        page = admin.get(f"/v1/jobs/{job_id}/events", params={"cursor": cursor, "limit": 1000}).json()
+        out += page["items"]
+        cursor = page["next_cursor"]
+    return out
