@@ -8,7 +8,15 @@ from sqlalchemy.orm import Session
 from api.database.tables import Event, Job, PendingFault
 from api.models import events as event_store
 from api.models import liveness
-from api.schemas.events import EventBatch, EventIn, EventType, FaultDirective, HeartbeatBatch, utcnow
+from api.schemas.events import (
+    MAX_EVENTS_PER_BATCH,
+    EventBatch,
+    EventIn,
+    EventType,
+    FaultDirective,
+    HeartbeatBatch,
+    utcnow,
+)
 from api.services import lifecycle, notifications
 
 
@@ -26,10 +34,12 @@ def ingest_events(session: Session, job: Job, batch: EventBatch) -> tuple[list[E
 
 
 def record_events(session: Session, job: Job, events: list[EventIn]) -> list[Event]:
-    """The control plane's own reports (supervisor, backends) go through the same path."""
-    if not events:
-        return []
-    stored, _ = ingest_events(session, job, EventBatch(events=events))
+    """The control plane's own reports (supervisor, backends) go through the same path, in batches of the
+    API's size (a hang of a 16k-rank job is 16k hang_detected events)."""
+    stored: list[Event] = []
+    for start in range(0, len(events), MAX_EVENTS_PER_BATCH):
+        new, _ = ingest_events(session, job, EventBatch(events=events[start : start + MAX_EVENTS_PER_BATCH]))
+        stored.extend(new)
     return stored
 
 
