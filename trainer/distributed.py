@@ -78,7 +78,18 @@ class Placement:
         else:
             device = torch.device("cpu")
             backend = "gloo"
+            # gloo cannot abort a collective: a rank waiting on a failed peer leaves only when this
+            # timeout expires, which must come before the in-process Wrapper's soft timeout.
             default_timeout = CPU_COLLECTIVE_TIMEOUT_S
+            if cfg.inprocess:
+                default_timeout = min(default_timeout, cfg.inprocess_soft_timeout_s / 2)
+                if cfg.collective_timeout_s and cfg.collective_timeout_s >= cfg.inprocess_soft_timeout_s:
+                    log.warning(
+                        "collective timeout %.0f s >= in-process soft timeout %.0f s: on CPU a rank "
+                        "waiting on a failed peer will be terminated instead of restarted in process",
+                        cfg.collective_timeout_s,
+                        cfg.inprocess_soft_timeout_s,
+                    )
         return cls(
             rank=int(env.get("RANK", "0")),
             world_size=int(env.get("WORLD_SIZE", "1")),
