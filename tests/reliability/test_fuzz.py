@@ -28,7 +28,7 @@ from tests.reliability.conftest import postgres_database
 
 # Cases per operation and mode. PostgreSQL refuses more than SQLite (NUL in text, NaN in JSON), so
 # it gets the larger share of the time budget.
-EXAMPLES_PER_MODE = {"postgresql": 25, "sqlite": 10}
+EXAMPLES_PER_MODE = {"postgresql": 20, "sqlite": 8}
 OPAQUE = "cursor"
 
 # Operations where a schema-valid request may still be refused, by rules JSON Schema cannot say:

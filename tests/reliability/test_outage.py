@@ -16,6 +16,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 OUTAGE_S = 60.0
 STEP_DELAY_S = 0.1
-STEPS = 640  # ~40 before the outage, ~480 during it, the rest after it (events must arrive)
+STEPS = 10_000  # more than run: the trainer is stopped once the outage has been caught up on
 CHECKPOINT_EVERY = 40
 ENQUEUE_BLOCKED_S = 0.05  # handing a heartbeat to the reporter takes microseconds; the network, seconds
 STEP_BLOCKED_S = 0.5  # over the usual step time
@@ -75,18 +76,25 @@ def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives
     with log.open("wb") as out:
         trainer = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for("the trainer to report step 40", lambda: reported_step(admin, job_id) >= 40, 90, interval=0.2)
+        wait_for("the trainer to report step 30", lambda: reported_step(admin, job_id) >= 30, 90, interval=0.2)
         api.kill(signal.SIGKILL)
         down = time.time()
         time.sleep(OUTAGE_S)  # the outage itself is what is under test
         api.start()
         up = time.time()
-        assert trainer.wait(timeout=120) == 0, log.read_text()[-3000:]
+        reached = last_step(metrics)  # what the trainer had done, and so reported, when the API came back
+        caught_up = (reached // CHECKPOINT_EVERY - 1) * CHECKPOINT_EVERY  # the last save may still be writing
+        wait_for(
+            "the events of the outage to arrive",
+            lambda: checkpoints(all_events(admin, job_id)) >= caught_up and reported_step(admin, job_id) >= reached,
+            30,
+            interval=0.5,
+        )
+        assert trainer.poll() is None, log.read_text()[-3000:]  # still training
         events = all_events(admin, job_id)
-        final_step = reported_step(admin, job_id)
     finally:
-        if trainer.poll() is None:
-            trainer.kill()
+        trainer.kill()
+        trainer.wait(30)
         api.kill(signal.SIGTERM)
 
     # Training went on at its usual pace while the control plane was away: no step was blocked.
@@ -101,18 +109,26 @@ def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives
 
     # Every event arrived, once; those of the outage were stored after it.
     saved = [e for e in events if e["type"] == "checkpoint_saved"]
-    assert sorted(e["step"] for e in saved) == list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))
+    assert sorted(e["step"] for e in saved) == list(range(CHECKPOINT_EVERY, checkpoints(events) + 1, CHECKPOINT_EVERY))
     assert len({e["key"] for e in events}) == len(events)
     assert [e["type"] for e in events].count("running") == 1
     in_outage = [e for e in saved if down < datetime.fromisoformat(e["ts"]).timestamp() < up]
     assert len(in_outage) >= OUTAGE_S * 0.6 / (usual * CHECKPOINT_EVERY), "the outage covered too few checkpoints"
-    assert final_step == STEPS  # the newest heartbeat caught up too
     assert trainer_token not in log.read_text()
     print(
         f"\n{len(during)} steps trained during the {OUTAGE_S:.0f} s outage, {len(blocked)} blocked "
         f"(max enqueue {max(r['enqueue_s'] for r in during) * 1000:.2f} ms); {len(events)} events stored, "
         f"{len(in_outage)} of them reported during the outage"
     )
+
+
+def last_step(metrics: Path) -> int:
+    return int(json.loads(metrics.read_text().splitlines()[-1])["step"])
+
+
+def checkpoints(events: list[dict[str, Any]]) -> int:
+    """The highest step with a checkpoint_saved event."""
+    return max((int(e["step"]) for e in events if e["type"] == "checkpoint_saved"), default=0)
 
 
 def reported_step(admin: httpx.Client, job_id: str) -> int:
@@ -123,8 +139,8 @@ def reported_step(admin: httpx.Client, job_id: str) -> int:
     return max((r["step"] for r in ranks), default=-1)
 
 
-def all_events(admin: httpx.Client, job_id: str) -> list[dict[str, object]]:
-    out: list[dict[str, object]] = []
+def all_events(admin: httpx.Client, job_id: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     cursor = "0"
     while cursor is not None:
         page = admin.get(f"/v1/jobs/{job_id}/events", params={"cursor": cursor, "limit": 1000}).json()
