@@ -90,6 +90,12 @@ def ranks(session: Session, job_id: str) -> list[RankLiveness]:
     return list(session.scalars(select(RankLiveness).where(RankLiveness.job_id == job_id).order_by(RankLiveness.rank)))
 
 
+def has_attempt(session: Session, job_id: str, attempt: int) -> bool:
+    """Whether any rank of this attempt has beaten yet."""
+    query = select(RankLiveness.rank).where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt).limit(1)
+    return session.scalar(query) is not None
+
+
 def max_step(session: Session, job_id: str, attempt: int) -> int | None:
     return session.scalar(
         select(func.max(RankLiveness.step)).where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt)

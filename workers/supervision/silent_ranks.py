@@ -36,8 +36,7 @@ class Silence:
 def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:
     now = utcnow()
     timeout = spec.resiliency.heartbeat_timeout_s
-    ranks = [r for r in liveness.ranks(session, job.id) if r.attempt == job.attempt]
-    if not ranks:
+    if not liveness.has_attempt(session, job.id, job.attempt):
         if attempt.launched_at is None:
             return None
         waited = (now - attempt.launched_at).total_seconds()
@@ -54,9 +53,14 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
             return restarting_since + timedelta(seconds=spec.resiliency.initial_heartbeat_timeout_s)
         return rank.last_seen + timedelta(seconds=timeout)
 
-    silent = [r for r in ranks if deadline(r) < now]
+    # Only ranks quiet for the shorter of the two timeouts can be silent: read those alone (a 16k-rank job's
+    # rows are not loaded every pass), and skip the silences already recorded (their keys are stored).
+    shortest = min(timeout, spec.resiliency.initial_heartbeat_timeout_s)
+    quiet_ranks = liveness.stale_ranks(session, job.id, job.attempt, now - timedelta(seconds=shortest))
+    silent = [r for r in quiet_ranks if deadline(r) < now]
     if not silent:
         return None
+    recorded = event_store.keys_of_type(session, job.id, job.attempt, EventType.hang_detected.value)
     events = []
     worst = 0.0
     overdue = 0.0
@@ -71,17 +75,9 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
                 f"no heartbeat {(now - restarting_since).total_seconds():.1f} s after a restart began "
                 f"(initial timeout {initial:g} s); last step {rank.step}"
             )
-        events.append(
-            _event(
-                job,
-                rank.rank,
-                rank.step,
-                f"hang:a{job.attempt}:r{rank.rank}:t{int(rank.last_seen.timestamp() * 1000)}",
-                cause,
-                rank.node,
-                silent_s=round(quiet, 3),
-            )
-        )
+        key = f"hang:a{job.attempt}:r{rank.rank}:t{int(rank.last_seen.timestamp() * 1000)}"
+        if key not in recorded:
+            events.append(_event(job, rank.rank, rank.step, key, cause, rank.node, silent_s=round(quiet, 3)))
     reporting.record_events(session, job, events)
     summary = f"{len(silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
     return Silence(summary, escalate=overdue > timeout)
