@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,17 +127,22 @@ def server_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, str
 
 @contextlib.contextmanager
 def uvicorn_api(
-    database_url: str, workdir: Path, *, workers: int = 1, ready_timeout: float = 60, **extra_env: str
+    database_url: str,
+    workdir: Path,
+    *,
+    workers: int = 1,
+    ready_timeout: float = 60,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[ApiServer]:
     """`uvicorn api.main:create_app` (the API only: no Celery worker, no beat) on a free loopback port."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = server_env(database_url, workdir / ".ftplane", **extra_env)
+    environment = server_env(database_url, workdir / ".ftplane", **(env or {}))
     log_path = workdir / "uvicorn.log"
     command = [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory", "--host", "127.0.0.1"]
     command += ["--port", str(port), "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env=environment, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout

@@ -174,7 +174,10 @@ class Trial:
 @contextlib.contextmanager
 def control_plane(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str, str]]:
     """(url, admin token) of a running `ftplane serve`."""
-    env = {"FTPLANE_WEBHOOK_ALLOW_PRIVATE": "true", "FTPLANE_SUPERVISE_INTERVAL_S": str(args.supervise_interval)}
+    env: dict[str, Any] = {
+        "FTPLANE_WEBHOOK_ALLOW_PRIVATE": "true",
+        "FTPLANE_SUPERVISE_INTERVAL_S": str(args.supervise_interval),
+    }
     if args.embedded:
         with ftplane_server(workdir, **env) as server:
             yield server.url, server.token
