@@ -142,3 +142,33 @@ def test_dashboard_and_metrics_show_the_ettr(admin: TestClient, make_job: Any) -
     metrics = admin.get("/metrics").text
     line = next(x for x in metrics.splitlines() if x.startswith("ftplane_job_goodput_ratio") and job["id"] in x)
     assert float(line.rsplit(" ", 1)[1]) == pytest.approx(0.8, abs=0.02)
+
+
+def test_the_job_page_shows_goodput_and_the_interval_advice(admin: TestClient, make_job: Any) -> None:
+    job = submitted(make_job, procs_per_node=8, checkpoint={"interval_steps": 100, "engine": "sync"})
+    assert admin.post(f"/v1/jobs/{job['id']}/events", json={"events": HISTORY}).status_code == 200
+    page = admin.get(f"/ui/jobs/{job['id']}/live")
+    assert page.status_code == 200, page.text
+    assert "ETTR <strong>54.1 %</strong>" in page.text  # 40 / 74
+    assert "recompute" in page.text and "fault detection" in page.text
+    assert "Now every 100 steps (20.0 s of training)" in page.text
+    assert "not enough failures yet (1 seen, 2 needed" in page.text
+
+
+def test_advice_in_words() -> None:
+    from api.services.goodput_view import advice_lines
+
+    advice = {
+        "checkpoint_blocking_s": 2.0,
+        "mtbf_s": 100.0,
+        "restart_cost_s": 10.0,
+        "optimal": {"interval_s": 20.0, "interval_steps": 100.0, "predicted_ettr": 0.7},
+        "current": {"interval_s": 10.0, "interval_steps": 50.0, "predicted_ettr": 0.65},
+        "note": "first-order Young/Daly",
+    }
+    assert advice_lines(advice) == (
+        "Checkpoint every 100 steps (20.0 s of training): predicted ETTR 70.0 % "
+        "(Young/Daly from C 2 s, M 100 s, R 10 s)",
+        "Now every 50 steps (10.0 s of training): predicted ETTR 65.0 %",
+    )
+    assert advice_lines({}) == ()
