@@ -14,14 +14,14 @@ Modes, each bounded by --duration and --max-requests:
 Figures per mode: rank-beats/s accepted, requests/s, p50/p99 request latency, CPU used by the
 API, PostgreSQL (the backends of the bench database and the server's own processes) and the load
 generator, in cores, and what else ran on the machine meanwhile ("other": this host is shared);
-CPU microseconds per beat (API, PostgreSQL); the ratio to the single-beat baseline. Then the batch
-mode once more on a database whose rank_liveness has fillfactor 50 (room for HOT updates: a
-schema change the project does not make yet), to measure what that would give.
+CPU microseconds per beat (API, PostgreSQL); the ratio to the single-beat baseline. With
+--fillfactor N, the batch mode once more on a database whose rank_liveness has that fillfactor
+(room for HOT updates: a schema change the project does not make), to measure what it would give.
 
 Target: >= 50,000 rank-beats/s batched with p99 < 50 ms on 2 cores.
 
 Usage: python -m bench.ingest [--workers 2] [--duration 15] [--batch 1024] [--modes single,node,batch]
-                              [--fillfactor 50 | --fillfactor 0 to skip that run]
+                              [--fillfactor 50]
 """
 
 from __future__ import annotations
