@@ -131,6 +131,16 @@ def bootstrap_admin_token() -> None:
     err.print(f"created an admin token and saved it to {path} (the CLI uses it when FTPLANE_TOKEN is unset)")
 
 
+def die_with_parent() -> None:
+    """In the child: the kernel sends SIGTERM when `ftplane serve` dies, however it dies (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def celery_command(part: Part) -> list[str]:
     base = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app"]
     if part == Part.beat:
@@ -174,7 +184,7 @@ def serve(
     if only in (Part.worker, Part.beat):
         os.execv(sys.executable, celery_command(only))
     if only == Part.all:
-        children.append(subprocess.Popen(celery_command(Part.all)))
+        children.append(subprocess.Popen(celery_command(Part.all), preexec_fn=die_with_parent))
 
     def stop(*_: object) -> None:
         for child in children:

@@ -6,8 +6,8 @@ fault API, and the benchmark measures, per fault:
 
   detect   fault_injected → the restart event of that rung (or hang_detected for hangs)
   resume   fault_injected → the trainer's `running` event (training loop re-entered)
-  recovery fault_injected → the first step completed after the fault (rank 0's per-step
-           metrics file written by the trainer: wall-clock time of each completed step)
+  recovery fault_injected → the first step completed after training resumed (rank 0's
+           per-step metrics file written by the trainer: wall-clock time of each step)
 
 Rungs: `inprocess` (exception, NVRx in-process restart), `injob` (SIGKILL of a rank,
 ft_launcher restarts the workers), `hang` (SIGSTOP of a rank, detected by heartbeat
@@ -145,7 +145,8 @@ def run_rung(api: Client, workdir: Path, rung: Rung, faults: int) -> list[Measur
         t0 = ts(fault)
         restart = wait(rung.restart_event, functools.partial(events, rung.restart_event, fault))[0]
         running = wait("running", functools.partial(events, "running", fault))[0]
-        first = wait("a step after the fault", functools.partial(steps_after, rank0, t0))[0]
+        # Steps rank 0 completes before the failure reaches it are not recovery: count from the resume.
+        first = wait("a step after the resume", functools.partial(steps_after, rank0, ts(running)))[0]
         detected = restart
         if rung.name == "hang":
             detected = wait("hang_detected", functools.partial(events, "hang_detected", fault))[0]

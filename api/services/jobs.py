@@ -33,20 +33,20 @@ def request_cancel(session: Session, job: Job) -> bool:
 
 
 def request_fault(session: Session, job: Job, fault: FaultIn) -> FaultOut:
-    """Faults the backend can signal now go to the inject task; the rest ride on heartbeat replies."""
+    """Faults the backend can inject now go to the inject task; the rest ride on heartbeat replies."""
     fault_id = new_id()
     by_backend = fault.now and fault.kind in ("crash", "hang", "node_loss")
-    if not by_backend:
-        session.add(
-            PendingFault(
-                id=fault_id,
-                job_id=job.id,
-                attempt=job.attempt,
-                kind=fault.kind,
-                rank=fault.rank,
-                at_step=fault.at_step,
-            )
+    # Stored either way (an outbox): a lost inject task is made good by the next supervision pass.
+    session.add(
+        PendingFault(
+            id=fault_id,
+            job_id=job.id,
+            attempt=job.attempt,
+            kind=fault.kind,
+            rank=fault.rank,
+            at_step=None if by_backend else fault.at_step,
         )
+    )
     return FaultOut(
         id=fault_id,
         job_id=job.id,

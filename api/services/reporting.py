@@ -57,8 +57,17 @@ def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tupl
             PendingFault.delivered_at.is_(None),
         )
     ).all()
-    faults = [FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step) for f in pending if f.rank in ranks]
+    faults = [
+        FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step)
+        for f in pending
+        if f.rank in ranks and not by_backend(f)
+    ]
     return accepted, faults
+
+
+def by_backend(fault: PendingFault) -> bool:
+    """Faults the backend injects itself, now (signals, pod deletion); the trainer injects the rest."""
+    return fault.at_step is None and fault.kind != "exception"
 
 
 def _mark_fault_fired(session: Session, job_id: str, event: EventIn) -> None:

@@ -24,6 +24,7 @@ class ScriptedBackend:
     fail_launch: bool = False
     retryable: bool = False
     released: list[str] = field(default_factory=list)
+    faults: list[FaultRequest] = field(default_factory=list)
 
     def render(self, request: LaunchRequest) -> str:
         return "scripted"
@@ -39,7 +40,7 @@ class ScriptedBackend:
         return self.statuses.get(attempt, AttemptStatus(AttemptPhase.running))
 
     def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
-        raise NotImplementedError
+        self.faults.append(fault)
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         self.cancels.append(attempt)
@@ -51,7 +52,8 @@ class ScriptedBackend:
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch, app: Any) -> ScriptedBackend:
     scripted = ScriptedBackend()
-    for module in ("workers.supervision.launching", "workers.supervision.restarts", "workers.supervision.reconcile"):
+    modules = ("launching", "restarts", "reconcile", "faults")
+    for module in (f"workers.supervision.{name}" for name in modules):
         monkeypatch.setattr(f"{module}.get_backend", lambda name: scripted)
     return scripted
 
@@ -271,3 +273,20 @@ def test_ranks_restarting_after_a_failure_get_the_initial_timeout(
     supervise(job["id"])
     hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
     assert hangs and "after a restart began" in hangs[0]["details"]["cause"]
+
+
+def test_a_fault_whose_inject_task_was_lost_is_delivered_once_by_supervision(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    job = make_job()
+    supervise(job["id"], force_launch=True)
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
+    fault = admin.post(f"/v1/jobs/{job['id']}/faults", json={"kind": "crash", "rank": 1, "now": True}).json()
+    assert fault["delivery"] == "backend"  # its task is never run here: as if the broker lost it
+    beat = admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 1, "step": 2}]}).json()
+    assert beat["faults"] == []  # not handed to the trainer as well
+    supervise(job["id"])
+    supervise(job["id"])
+    assert [(f.id, f.kind, f.rank) for f in backend.faults] == [(fault["id"], "crash", 1)]
+    injected = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "fault_injected"]
+    assert len(injected) == 1 and injected[0]["details"]["delivery"] == "backend"

@@ -17,6 +17,7 @@ from api.services.lifecycle import JobStatus
 from workers.backends import get_backend
 from workers.backends.base import AttemptPhase, AttemptStatus
 from workers.supervision import restarts, silent_ranks
+from workers.supervision.faults import deliver_backend_faults
 from workers.supervision.launching import current_attempt, launch_current_attempt
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ def _last_step(session: Session, job: Job, rank: int) -> int | None:
 
 
 def _watch_running(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> None:
+    deliver_backend_faults(session, job)
     restarts.highest_step(session, job, attempt)
     stuck = restarts.stuck_cause(job)
     if stuck:
