@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import email.utils
 import logging
+import os
 import random
 import socket
 import threading
@@ -99,7 +100,8 @@ class Reporter:
             raise ValueError("FTPLANE_JOB_ID is required when FTPLANE_URL is set")
         self.job_id = job_id
         self.attempt = attempt
-        self.node = node or socket.gethostname()
+        # On Kubernetes the backend passes the node name (what it blames and excludes), not the pod name.
+        self.node = node or os.environ.get("FTPLANE_NODE_NAME") or socket.gethostname()
         self.report_interval_s = report_interval_s
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
