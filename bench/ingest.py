@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="connections in the single and node modes")
     parser.add_argument("--modes", default="single,node,batch")
     parser.add_argument(
-        "--fillfactor", type=int, default=50, help="rank_liveness fillfactor of the extra run (0: none)"
+        "--fillfactor", type=int, default=0, help="also run batch with this rank_liveness fillfactor (0: no)"
     )
     parser.add_argument("--database-url", help="PostgreSQL server to create the fresh databases on")
     parser.add_argument("--json", type=Path, help="also write the figures here")
