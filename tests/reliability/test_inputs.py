@@ -82,6 +82,7 @@ class Inputs:
             self.problems.append(f"{what}: {problem}")
 
     def check(self) -> None:
+        print(f"\n{self.tried} bad inputs tried, {self.tried - len(self.problems)} refused as they should be")
         assert not self.problems, f"{len(self.problems)} of {self.tried} bad inputs mishandled:\n" + "\n".join(
             self.problems
         )
