@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from api.core import ratelimit
 from api.core.config import get_settings
-from api.core.db import get_sessionmaker
+from api.core.db import session_scope
 from api.core.errors import ApiError
 from api.models import tokens
 from api.models.tokens import Principal
@@ -20,19 +20,10 @@ ANONYMOUS_ADMIN = Principal(token_id="auth-disabled", role="admin")
 
 
 def get_session() -> Iterator[Session]:
-    session = get_sessionmaker()()
-    try:
+    with session_scope() as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
-# Function scope: the transaction commits before the response is sent, so a client that got a 2xx
-# knows its change is stored (request scope would commit after sending it).
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
