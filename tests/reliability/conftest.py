@@ -56,6 +56,22 @@ def postgres_database() -> Iterator[str]:
         admin.dispose()
 
 
+def bare_app() -> Any:
+    """The app, for its routes and OpenAPI only: no database, and the logging set-up undone."""
+    import logging
+
+    from api.core.config import Settings
+    from api.main import create_app
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        return create_app(Settings(database_url="sqlite://"), migrate=False)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """This environment without FTPLANE_* settings, the repository importable, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTPLANE_")}

@@ -20,8 +20,8 @@ from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from starlette.routing import Mount
 
-from api.core.config import Settings
 from tests.conftest import configure_env, row_counts, tiny_spec
+from tests.reliability.conftest import bare_app
 
 PUBLIC = "public"  # the same answer whoever asks (probes, metrics, docs, the login form, static files)
 ADMIN = "admin"  # admin tokens only
@@ -82,9 +82,7 @@ CALLERS = ("nobody", "admin", "own_trainer", "other_trainer")
 
 def endpoints() -> list[str]:
     """Every route of the app, as 'METHOD /path' ('MOUNT /path' for mounted apps)."""
-    from api.main import create_app
-
-    app = create_app(Settings(database_url="sqlite://", log_level="WARNING"), migrate=False)
+    app = bare_app()
     found = set()
     for context in iter_route_contexts(app.routes):
         route = context.original_route

@@ -22,9 +22,8 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from api.core.config import Settings
 from tests.conftest import configure_env, tiny_spec
-from tests.reliability.conftest import postgres_database
+from tests.reliability.conftest import bare_app, postgres_database
 
 # Cases per operation and mode. PostgreSQL refuses more than SQLite (NUL in text, NaN in JSON), so
 # it gets the larger share of the time budget.
@@ -42,9 +41,7 @@ CROSS_FIELD_RULES = {
 
 
 def _operations() -> list[str]:
-    from api.main import create_app
-
-    app = create_app(Settings(database_url="sqlite://", log_level="WARNING"), migrate=False)
+    app = bare_app()
     paths = app.openapi()["paths"]
     return sorted(f"{method.upper()} {path}" for path, item in paths.items() for method in item)
 
