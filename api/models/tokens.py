@@ -57,3 +57,11 @@ def revoke(session: Session, token_id: str) -> bool:
         update(ApiToken).where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None)).values(revoked_at=utcnow())
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def revoke_job_tokens(session: Session, job_id: str) -> int:
+    """A finished job's trainer tokens report nothing more."""
+    result = session.execute(
+        update(ApiToken).where(ApiToken.job_id == job_id, ApiToken.revoked_at.is_(None)).values(revoked_at=utcnow())
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]

@@ -107,6 +107,12 @@ def test_success(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> 
     assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "SUCCEEDED"
     assert types(admin, job["id"])[-1] == "succeeded"
     assert backend.released == [job["id"]]
+    late = TestClient(admin.app).post(
+        f"/v1/jobs/{job['id']}/events",
+        json={"events": [{"key": "late", "type": "checkpoint_saved"}]},
+        headers={"Authorization": f"Bearer {backend.launches[0].token}"},
+    )
+    assert late.status_code == 401  # a finished job's trainer tokens are revoked
 
 
 def test_retryable_launch_error_is_retried_not_fatal(

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from api.database.tables import Attempt, Job
 from api.models import jobs as job_store
-from api.models import liveness
+from api.models import liveness, tokens
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
 from api.services import lifecycle, reporting
@@ -33,6 +33,7 @@ def supervise_job(session: Session, job_id: str, *, force_launch: bool = False) 
         return
     _reconcile(session, job, force_launch=force_launch)
     if JobStatus(job.status) in lifecycle.TERMINAL:
+        tokens.revoke_job_tokens(session, job.id)  # the trainer flushed its reports before it exited
         session.commit()
         _release(job)
 
