@@ -125,14 +125,33 @@ class Record:
 
 
 def load_records(session: Session, job_id: str) -> list[Record]:
-    """The job's events the accounting needs. `running` comes one row per run (its last rank's time):
-    a job of N ranks sends N of them per restart."""
+    """The job's events the accounting needs, with the per-rank kinds read aggregated: `running` one row per
+    run (its last rank's time; a job of N ranks sends N per restart), and silences one row per detection
+    pass (the supervisor stores a pass's hang_detected events with one time; a job-wide hang of N ranks is N
+    events), carrying the longest silence and the highest step."""
+    silent_s = Event.details["silent_s"].as_float()
+    per_rank = [EventType.running.value, *(t.value for t in SILENCE_TYPES)]
     rows = session.execute(
         select(Event.type, Event.ts, Event.attempt, Event.step, Event.details).where(
-            Event.job_id == job_id, Event.type.in_([t.value for t in READ_TYPES])
+            Event.job_id == job_id,
+            Event.type.in_([t.value for t in READ_TYPES if t.value not in per_rank]),
         )
     ).all()
     records = [Record(t, ts, attempt, step, details or {}) for t, ts, attempt, step, details in rows]
+    # silences without silent_s (recorded before it existed) are read one by one: their cause has it
+    old = session.execute(
+        select(Event.type, Event.ts, Event.attempt, Event.step, Event.details).where(
+            Event.job_id == job_id, Event.type.in_([t.value for t in SILENCE_TYPES]), silent_s.is_(None)
+        )
+    ).all()
+    records += [Record(t, ts, attempt, step, details or {}) for t, ts, attempt, step, details in old]
+    passes = session.execute(
+        select(Event.type, Event.ts, Event.attempt, func.max(Event.step), func.max(silent_s))
+        .where(Event.job_id == job_id, Event.type.in_([t.value for t in SILENCE_TYPES]), silent_s.is_not(None))
+        .group_by(Event.type, Event.ts, Event.attempt)
+    ).all()
+    for t, ts, attempt, step, silent in passes:
+        records.append(Record(t, _aware(ts), attempt, step, {"silent_s": silent}))
     restart_count = Event.details["restart_count"].as_integer()
     iteration = Event.details["iteration"].as_integer()
     runs = session.execute(
