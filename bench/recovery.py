@@ -135,8 +135,11 @@ def run_rung(api: Client, workdir: Path, rung: Rung, faults: int) -> list[Measur
         return [e for e in events("fault_injected") if e["details"].get("fault_id") == fault_id]
 
     results: list[Measurement] = []
+    passed = 8
     for i in range(faults):
-        wait("progress", lambda: step() >= 8 and len(steps_after(rank0, time.time() - 1.5)) >= 3)
+        # Each fault comes after the job got past the previous one (else ftplane rightly calls it stuck).
+        wait("progress", lambda: step() >= passed and len(steps_after(rank0, time.time() - 1.5)) >= 3)
+        passed = step() + 8
         wait("a checkpoint", lambda: events("checkpoint_saved"))
         body: dict[str, Any] = {"kind": rung.kind, "rank": rung.rank}
         body.update({"at_step": step() + 2} if rung.kind == "exception" else {"now": True})
