@@ -57,7 +57,7 @@ from bench.common import (
 )
 
 # Published: jobs of 1,024 GPUs see a mean time to failure of 7.9 h (Meta's research clusters,
-# "Revisiting Reliability in Large-Scale Machine Learning Research Clusters", 2024). Failures of
+# "Revisiting Reliability in Large-Scale Machine Learning Research Clusters", arXiv 2410.21680). Failures of
 # independent parts add up, so MTTF scales as 1 / GPUs: 7.9 h x 1024 / 16384 = 29.6 min.
 MTTF_1024_GPUS_H = 7.9
 BUCKETS = ("productive", "initialization", "checkpoint_stall", "fault_detection", "restart", "recompute", "shutdown")
