@@ -81,6 +81,16 @@ class ResiliencySpec(StrictModel):
     heartbeat_timeout_s: float = Field(default=300, gt=0, le=86400)
     exclude_failed_nodes: bool = True
 
+    @model_validator(mode="after")
+    def _heartbeats_outlast_inprocess_restarts(self) -> ResiliencySpec:
+        # ft_launcher hears no heartbeat while ranks restart in-process; a shorter timeout would kill them.
+        if self.inprocess.enabled and self.heartbeat_timeout_s <= self.inprocess.soft_timeout_s:
+            raise ValueError(
+                "resiliency.heartbeat_timeout_s must be greater than resiliency.inprocess.soft_timeout_s: "
+                "ft_launcher would restart ranks in the middle of an in-process restart"
+            )
+        return self
+
 
 class FaultSpec(StrictModel):
     """A deterministic fault: `kind` at `rank` when the trainer reaches `at_step` (once per job)."""

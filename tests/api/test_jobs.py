@@ -126,3 +126,10 @@ def test_openapi_docs_are_served(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     for path in ("/v1/jobs", "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/heartbeats", "/v1/jobs/{job_id}/ranks"):
         assert path in paths
+
+
+def test_heartbeat_timeout_must_outlast_inprocess_restarts(admin: TestClient) -> None:
+    bad = {"inprocess": {"enabled": True, "soft_timeout_s": 60, "hard_timeout_s": 90}, "heartbeat_timeout_s": 30}
+    response = admin.post("/v1/jobs", json=tiny_spec(resiliency=bad))
+    assert response.status_code == 422
+    assert "heartbeat_timeout_s must be greater than" in response.json()["error"]["message"]

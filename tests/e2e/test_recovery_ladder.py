@@ -83,7 +83,15 @@ def resumed_after(api: Client, job_id: str, fault: dict[str, Any]) -> dict[str, 
 
 def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(api: Client) -> None:
     job = api.submit(
-        spec(api, "ladder", 45, resiliency={"inprocess": {"enabled": True, "soft_timeout_s": 20, "hard_timeout_s": 30}})
+        spec(
+            api,
+            "ladder",
+            45,
+            resiliency={
+                "inprocess": {"enabled": True, "soft_timeout_s": 12, "hard_timeout_s": 18},
+                "heartbeat_timeout_s": 20,
+            },
+        )
     )
     job_id = job["id"]
     wait("training", lambda: step(api, job_id) >= 6)
