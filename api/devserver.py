@@ -45,7 +45,7 @@ class RunningServer:
 
 @contextmanager
 def ftplane_server(
-    workdir: Path, *, port: int | None = None, ready_timeout: float = 90, **extra_env: str
+    workdir: Path, *, port: int | None = None, ready_timeout: float = 90, log: Path | None = None, **extra_env: str
 ) -> Iterator[RunningServer]:
     """Serve from `workdir` (state in workdir/.ftplane unless FTPLANE_DATA_DIR is given)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -62,7 +62,8 @@ def ftplane_server(
     data_dir = Path(env.get("FTPLANE_DATA_DIR", workdir / ".ftplane"))
     if not data_dir.is_absolute():
         data_dir = workdir / data_dir
-    log_path = workdir / "serve.log"
+    log_path = log or workdir / "serve.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "api.cli", "serve"], env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT
