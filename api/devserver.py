@@ -64,9 +64,9 @@ def ftplane_server(
         data_dir = workdir / data_dir
     log_path = log or workdir / "serve.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
+    with log_path.open("wb") as log_file:
         server = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve"], env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "api.cli", "serve"], env=env, cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT
         )
     try:
         deadline = time.monotonic() + ready_timeout
