@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
+from standardwebhooks import Webhook
 
 from api.client import Client
 from tests.conftest import ftplane_server
+from tests.webhooks.support import Receiver, receiver  # noqa: F401 (the receiver fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +23,7 @@ TRAINER = ["python", "-m", "trainer", "--model", "tiny", "--batch-size", "4"]
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     workdir = tmp_path_factory.mktemp("e2e")
-    with ftplane_server(workdir) as env:
+    with ftplane_server(workdir, FTPLANE_WEBHOOK_ALLOW_PRIVATE="true") as env:
         client = Client(url=env["FTPLANE_URL"], token=env["FTPLANE_TOKEN"])
         client.workdir = workdir  # type: ignore[attr-defined]
         yield client
@@ -81,7 +84,15 @@ def resumed_after(api: Client, job_id: str, fault: dict[str, Any]) -> dict[str, 
     return next(e for e in later if e["type"] == "checkpoint_loaded")
 
 
-def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(api: Client) -> None:
+def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(
+    api: Client,
+    receiver: Receiver,  # noqa: F811
+) -> None:
+    hook = api.request(
+        "POST",
+        "/v1/webhooks",
+        json={"url": f"{receiver.url}/oncall", "label_selector": {"e2e": "ladder"}},
+    )
     job = api.submit(
         spec(
             api,
@@ -91,6 +102,7 @@ def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(a
                 "inprocess": {"enabled": True, "soft_timeout_s": 12, "hard_timeout_s": 18},
                 "heartbeat_timeout_s": 20,
             },
+            labels={"e2e": "ladder"},
         )
     )
     job_id = job["id"]
@@ -128,6 +140,19 @@ def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(a
         assert loaded["step"] > 0 and loaded["step"] % 5 == 0
         running = next(e for e in history if e["id"] > loaded["id"] and e["type"] == "running")
         assert running["details"]["start_step"] == loaded["step"]
+    # Every restart reached on-call as a signed webhook within 2 s of the restart event.
+    restarts = {e["id"]: e for e in history if e["type"] in ("inprocess_restart", "injob_restart")}
+    received = receiver.wait_for("/oncall", len(restarts) + 2, timeout=30)  # + hang_detected and succeeded
+    delivered: dict[int, float] = {}
+    for request in received:
+        payload = Webhook(hook["secret"]).verify(request.body, request.headers)
+        wall = time.time() - (time.monotonic() - request.at)
+        delivered.setdefault(payload["data"]["event"]["id"], wall)
+    for event_id, event in restarts.items():
+        assert event_id in delivered, f"no webhook for {event['type']}"
+        lag = delivered[event_id] - datetime.fromisoformat(event["ts"]).timestamp()
+        assert lag < 2.0, f"{event['type']} delivered {lag:.2f} s after the event"
+
     saved = events(api, job_id, "checkpoint_saved")
     assert saved and all(e["details"]["blocking_s"] >= 0 and e["details"]["bytes"] > 0 for e in saved)
 
