@@ -19,6 +19,7 @@ TASK_MODULES = [
     "workers.tasks.cancel",
     "workers.tasks.faults",
     "workers.tasks.webhooks",
+    "workers.tasks.housekeeping",
 ]
 
 
@@ -32,14 +33,18 @@ def broker_settings(settings: Settings) -> dict[str, object]:
         }
     # kombu's SQLAlchemy transport on a SQLite file: transactional, so a message is never read
     # half-written (the filesystem transport can be), and no server is needed.
-    broker_db = (settings.data_dir / "broker.sqlite").resolve()
-    broker_db.parent.mkdir(parents=True, exist_ok=True)
     return {
-        "broker_url": f"sqla+sqlite:///{broker_db}",
+        "broker_url": f"sqla+{embedded_broker_url(settings)}",
         "result_backend": None,
         # These go to create_engine: wait on a locked database instead of failing at once.
         "broker_transport_options": {"connect_args": {"timeout": 30}},
     }
+
+
+def embedded_broker_url(settings: Settings) -> str:
+    broker_db = (settings.data_dir / "broker.sqlite").resolve()
+    broker_db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{broker_db}"
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -67,6 +72,11 @@ def configure(app: Celery, settings: Settings) -> None:
                 "task": "ftplane.supervise_jobs",
                 "schedule": settings.supervise_interval_s,
                 "options": {"expires": settings.supervise_interval_s * 3},
+            },
+            "purge-consumed-messages": {
+                "task": "ftplane.purge_consumed_messages",
+                "schedule": 60.0,
+                "options": {"expires": 120.0},
             },
             "sweep-webhook-deliveries": {  # deliveries whose task was lost, and retries far ahead
                 "task": "ftplane.sweep_webhook_deliveries",
