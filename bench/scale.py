@@ -369,6 +369,7 @@ class Simulation:
         self.shared: Any = multiprocessing.get_context("spawn").RawArray("d", 4)
         self.run_starts: list[float] = []
         self.deck: list[str] = []
+        self.run_saved: set[int] = set()
 
     # -- helpers --
 
@@ -462,6 +463,7 @@ class Simulation:
             self.fault_at = start + self.rng.expovariate(1.0 / p.real(p.mttf_sim_s))
             self.end_at = end
             saved_step = start_step  # the step resumed from is saved already
+            self.run_saved = {start_step}
             while True:
                 if self.step % p.checkpoint_interval_steps == 0 and self.step != saved_step:
                     saved_step = self.step
@@ -495,6 +497,7 @@ class Simulation:
                 return False
             self.complete_save(self.t)
         begin = self.t
+        self.run_saved.add(self.step)
         if not await self.advance(begin + self.p.real(self.p.checkpoint_blocking_sim_s), "checkpoint_stall"):
             return False
         self.pending_save = (begin + self.p.real(self.p.checkpoint_total_sim_s), self.step)
@@ -625,15 +628,16 @@ class Simulation:
         self.fault_at = math.inf
         self.end_at = math.inf
         self.complete_save(self.t)
-        if self.pending_save is not None:  # one save at a time: wait for the one in flight
-            await self.advance(self.pending_save[0], "checkpoint_stall")
-            self.complete_save(self.t)
-        await self.save()
+        if self.step not in self.run_saved:  # like the trainer: no second save of the same step
+            if self.pending_save is not None:  # one save at a time: wait for the one in flight
+                await self.advance(self.pending_save[0], "checkpoint_stall")
+                self.complete_save(self.t)
+            await self.save()
         self.shared[BEATING] = 0
         unblocked = self.t
-        assert self.pending_save is not None
-        await self.sleep_until(self.pending_save[0])
-        self.complete_save(self.pending_save[0])
+        if self.pending_save is not None:
+            await self.sleep_until(self.pending_save[0])
+            self.complete_save(self.pending_save[0])
         self.flag.touch()  # the ranks exit; ft_launcher exits 0; the supervisor records `succeeded`
         succeeded = await self.wait_for_event("succeeded", None, after=0.0, timeout=120)
         self.truth.add(unblocked, succeeded, "shutdown")
