@@ -43,6 +43,23 @@ class RunningServer:
     env: dict[str, str]
 
 
+def cancel_running_jobs(url: str, token: str, timeout: float = 30) -> None:
+    """Local jobs outlive their worker on purpose (it re-adopts them); a throwaway server ends them."""
+    headers = {"Authorization": f"Bearer {token}"}
+    active = ["PENDING", "SUBMITTED", "RUNNING", "RECOVERING"]
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as api:
+            for job in api.get("/v1/jobs", params={"status": active, "limit": 500}).json()["items"]:
+                api.post(f"/v1/jobs/{job['id']}/cancel")
+            deadline = time.monotonic() + timeout
+            while api.get("/v1/jobs", params={"status": active, "limit": 1}).json()["items"]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+    except (httpx.HTTPError, KeyError, ValueError):
+        pass  # best effort: the server is going away anyway
+
+
 @contextmanager
 def ftplane_server(
     workdir: Path, *, port: int | None = None, ready_timeout: float = 90, log: Path | None = None, **extra_env: str
@@ -85,6 +102,8 @@ def ftplane_server(
         env["FTPLANE_TOKEN"] = token
         yield RunningServer(url=env["FTPLANE_URL"], token=token, workdir=workdir, log=log_path, env=env)
     finally:
+        if server.poll() is None and "FTPLANE_TOKEN" in env:
+            cancel_running_jobs(env["FTPLANE_URL"], env["FTPLANE_TOKEN"])
         server.terminate()
         try:
             server.wait(timeout=30)
