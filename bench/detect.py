@@ -224,36 +224,47 @@ def run(args: argparse.Namespace) -> list[Trial]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the job was not launched in 120 s")
                 time.sleep(0.2)
-            rng = random.Random(args.seed)
-            with Ranks(url, job_id, token, args.beat_interval) as ranks:
-                time.sleep(2 * args.beat_interval)
-                for i in range(args.trials):
-                    rank = i % RANKS
-                    time.sleep(rng.uniform(0, args.supervise_interval))  # a random phase of the supervision period
-                    silent_from = ranks.silence(rank).timestamp()
-                    got = receiver.wait_for(
-                        lambda r, rank=rank, t=silent_from: (
-                            r.body.get("type") == "hang_detected"
-                            and r.body["data"]["event"]["rank"] == rank
-                            and _ts(r.body["data"]["event"]["ts"]) > t
-                        ),
-                        timeout=2 * args.timeout - 0.5,
-                    )
-                    ranks.resume(rank)
-                    if got is None:
-                        print(f"  trial {i + 1}: rank {rank}: no webhook within {2 * args.timeout - 0.5:.1f} s")
-                        continue
-                    detected = _ts(got.body["data"]["event"]["ts"])
-                    trial = Trial(rank, detected - silent_from, got.at - silent_from)
-                    trials.append(trial)
-                    print(
-                        f"  trial {i + 1}/{args.trials}: rank {rank} silent -> hang_detected {trial.detect_s:.2f} s, "
-                        f"webhook {trial.webhook_s:.2f} s",
-                        flush=True,
-                    )
-                    time.sleep(args.beat_interval + 0.5)
+            try:
+                rng = random.Random(args.seed)
+                with Ranks(url, job_id, token, args.beat_interval) as ranks:
+                    time.sleep(2 * args.beat_interval)
+                    for i in range(args.trials):
+                        rank = i % RANKS
+                        time.sleep(rng.uniform(0, args.supervise_interval))  # a random phase of the supervision period
+                        silent_from = ranks.silence(rank).timestamp()
+                        got = receiver.wait_for(
+                            lambda r, rank=rank, t=silent_from: (
+                                r.body.get("type") == "hang_detected"
+                                and r.body["data"]["event"]["rank"] == rank
+                                and _ts(r.body["data"]["event"]["ts"]) > t
+                            ),
+                            timeout=2 * args.timeout - 0.5,
+                        )
+                        ranks.resume(rank)
+                        if got is None:
+                            print(f"  trial {i + 1}: rank {rank}: no webhook within {2 * args.timeout - 0.5:.1f} s")
+                            continue
+                        detected = _ts(got.body["data"]["event"]["ts"])
+                        trial = Trial(rank, detected - silent_from, got.at - silent_from)
+                        trials.append(trial)
+                        print(
+                            f"  trial {i + 1}/{args.trials}: rank {rank} silent -> "
+                            f"hang_detected {trial.detect_s:.2f} s, webhook {trial.webhook_s:.2f} s",
+                            flush=True,
+                        )
+                        time.sleep(args.beat_interval + 0.5)
+            finally:
+                cancel(api, job_id)  # the local backend's launcher outlives the server by design
             api.close()
     return trials
+
+
+def cancel(api: httpx.Client, job_id: str, timeout: float = 60) -> None:
+    """Cancel the job and wait until its processes are torn down."""
+    api.post(f"/v1/jobs/{job_id}/cancel")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and api.get(f"/v1/jobs/{job_id}").json()["status"] != "CANCELLED":
+        time.sleep(0.3)
 
 
 def _ts(value: str) -> float:
