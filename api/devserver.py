@@ -43,6 +43,22 @@ class RunningServer:
     env: dict[str, str]
 
 
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float, what: str) -> None:
+    """Poll /readyz until it answers 200; fail early with the log's tail if the process dies."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} was not ready in {timeout:.0f} s; see {log}")
+        time.sleep(0.2)
+
+
 def cancel_running_jobs(url: str, token: str, timeout: float = 30) -> None:
     """Local jobs outlive their worker on purpose (it re-adopts them); a throwaway server ends them."""
     headers = {"Authorization": f"Bearer {token}"}
@@ -86,18 +102,7 @@ def ftplane_server(
             [sys.executable, "-m", "api.cli", "serve"], env=env, cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT
         )
     try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            try:
-                if httpx.get(f"{env['FTPLANE_URL']}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None:
-                raise RuntimeError(f"ftplane serve exited:\n{log_path.read_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ftplane serve was not ready in {ready_timeout:.0f} s; see {log_path}")
-            time.sleep(0.3)
+        wait_until_ready(env["FTPLANE_URL"], server, log_path, ready_timeout, "ftplane serve")
         token = (data_dir / "admin-token").read_text().strip()
         env["FTPLANE_TOKEN"] = token
         yield RunningServer(url=env["FTPLANE_URL"], token=token, workdir=workdir, log=log_path, env=env)

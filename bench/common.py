@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 import psutil
 
+from api.devserver import wait_until_ready
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -145,18 +147,7 @@ def uvicorn_api(
         process = subprocess.Popen(command, env=environment, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None:
-                raise RuntimeError(f"uvicorn exited:\n{log_path.read_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn was not ready in {ready_timeout:.0f} s; see {log_path}")
-            time.sleep(0.2)
+        wait_until_ready(url, process, log_path, ready_timeout, "uvicorn")
         # every worker answers: a few more requests so each has imported and connected
         for _ in range(4 * workers):
             httpx.get(f"{url}/healthz", timeout=5)
