@@ -7,9 +7,9 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
-from api.database.tables import Attempt, Job
+from api.database.tables import Attempt, Job, RankLiveness
 from api.models import jobs as job_store
-from api.models import liveness, tokens
+from api.models import tokens
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
 from api.services import lifecycle, reporting
@@ -127,10 +127,8 @@ def _record_observations(session: Session, job: Job, attempt: Attempt, status: A
 
 
 def _last_step(session: Session, job: Job, rank: int) -> int | None:
-    for row in liveness.ranks(session, job.id):
-        if row.rank == rank and row.attempt == job.attempt:
-            return row.step
-    return None
+    row = session.get(RankLiveness, (job.id, rank))  # one row, not every rank of a 16k-rank job
+    return row.step if row is not None and row.attempt == job.attempt else None
 
 
 def _watch_running(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> None:
