@@ -4,14 +4,17 @@ Sections (each in a process of its own, with a time limit; results go to DIR/res
 log line to DIR/gpu.log):
 
 - `env`: nvidia-smi, Python, torch and NVRx versions.
-- `blocking`: the `large` model (~1.3B parameters, FSDP2 over one rank, AdamW state on the GPU), one
-  training step, then the trainer's own `Checkpointer` saving with each engine: `sync` (dcp.save),
-  `nvrx` (NVRx's async writer, the trainer's async engine on CUDA) and `dcp` (dcp.async_save, the
+- `blocking`: the `large` model (~1.3B parameters, FSDP2 over one rank, AdamW state on the GPU), a few
+  training steps, then the trainer's own `Checkpointer` saving with each engine: `sync` (dcp.save),
+  `nvrx` (NVRx's async writer, the trainer's async engine on CUDA; its pinned host memory reserved by
+  `Checkpointer.warm_up` first, as the trainer does after its first step) and `dcp` (dcp.async_save, the
   trainer's async engine on CPU, forced here). The figure is the time the training step is blocked;
   target: async blocking <= 1/30 of sync.
 - `efficiency`: `python -m trainer --model large` with `--checkpoint-engine none`, then the same with
-  `async` at an interval of about a minute of training; target: async wall-clock steps/s >= 99.5 % of
-  none's (every step's wall time counted, the checkpoint's blocking part included).
+  `async`, one checkpoint every `--interval-s` of training (or `--interval-steps`); target: async
+  wall-clock steps/s >= 99.5 % of none's over the same window of whole intervals (steps skip..skip +
+  intervals x interval, each holding one save; every step's wall time counted, the checkpoint's
+  blocking part included).
 - `recovery`: ft_launcher (1 proc) with an exception fault at step 30: in-process restart
   (FTPLANE_INPROCESS=1) and in-job restart (ft_launcher restarts the worker); the figure is the time
   from the last good step before the fault to the first good step after it.
@@ -20,6 +23,7 @@ log line to DIR/gpu.log):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -116,7 +120,7 @@ class _Events:
         self.events.append({"type": type_, **kw})
 
 
-def section_blocking(out: Path, saves: int) -> None:
+def section_blocking(out: Path, saves: int, dcp_saves: int) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -161,11 +165,11 @@ def section_blocking(out: Path, saves: int) -> None:
 
     # (engine label, Checkpointer engine, the device that picks the async writer)
     engines = [
-        ("sync", "sync", device),
-        ("nvrx_async", "async", device),
-        ("dcp_async_save", "async", torch.device("cpu")),
+        ("sync", "sync", device, saves),
+        ("nvrx_async", "async", device, saves),
+        ("dcp_async_save", "async", torch.device("cpu"), dcp_saves),
     ]
-    for label, engine, picker in engines:
+    for label, engine, picker, n_saves in engines:
         root = SCRATCH / f"blocking-{label}"
         shutil.rmtree(root, ignore_errors=True)
         events = _Events()
@@ -175,12 +179,20 @@ def section_blocking(out: Path, saves: int) -> None:
             interval=1,
             keep=1,
             rank=0,
-            reporter=events,
-            device=picker,  # type: ignore[arg-type]
+            reporter=events,  # type: ignore[arg-type]
+            device=picker,
         )
         wall_blocked = []
         try:
-            for i in range(1, saves + 1):
+            t0 = time.perf_counter()
+            ckpt.warm_up(model, optimizer)  # a no-op but for the NVRx writer
+            warm_stall = time.perf_counter() - t0
+            ckpt.wait()  # the reservation runs in the background; let it finish before the first save
+            if label == "nvrx_async":
+                warm_s = time.perf_counter() - t0
+                log(out, f"{label} warm-up: stalled {warm_stall:.3f} s, reserved in the background in {warm_s:.1f} s")
+                result[f"{label}_warm_up"] = {"stall_s": round(warm_stall, 4), "background_s": round(warm_s, 2)}
+            for i in range(1, n_saves + 1):
                 step(100 + i)  # the state changes between saves, as in training
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -206,21 +218,22 @@ def section_blocking(out: Path, saves: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
         save_result(out, "blocking", result)
 
-    # Steady state: the blocking time of the saves after the first (which also allocates buffers).
-    def steady(label: str) -> float | None:
-        r = result.get(label, {})
-        xs = r.get("blocking_s") or []
-        xs = xs[1:] if len(xs) > 1 else xs
-        return statistics.median(xs) if xs else None
+    # Medians over every save, the first included (the NVRx writer's memory was reserved beforehand, as
+    # in the trainer); and the worst save of each engine.
+    def figures(label: str) -> tuple[float | None, float | None]:
+        xs = result.get(label, {}).get("blocking_s") or []
+        return (statistics.median(xs), max(xs)) if xs else (None, None)
 
     summary: dict[str, Any] = {}
-    sync = steady("sync")
+    sync, sync_worst = figures("sync")
     for label in ("nvrx_async", "dcp_async_save"):
-        a = steady(label)
+        a, worst = figures(label)
         summary[label] = {
             "blocking_s": a,
+            "worst_blocking_s": worst,
             "sync_over_async": (sync / a) if sync and a else None,
             "meets_1_30": bool(sync and a and a <= sync / 30),
+            "worst_meets_1_30": bool(sync and worst and worst <= sync / 30),
         }
     summary["sync_blocking_s"] = sync
     result["summary"] = summary
@@ -245,36 +258,40 @@ def _metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _wall_per_step(rows: list[dict[str, Any]], skip: int) -> float:
-    """Wall time per step from the metrics' timestamps, the first `skip` steps left out."""
-    rows = [r for r in rows if r["step"] > skip]
-    return (rows[-1]["t"] - rows[0]["t"]) / (rows[-1]["step"] - rows[0]["step"])
+def _window(rows: list[dict[str, Any]], first: int, last: int) -> float | None:
+    """Wall time per step from the metrics row of step `first` to that of step `last`."""
+    t = {r["step"]: r["t"] for r in rows}
+    return (t[last] - t[first]) / (last - first) if first in t and last in t else None
 
 
-def section_efficiency(out: Path, model: str, target_interval_s: float, skip: int, probe_steps: int) -> None:
+def section_efficiency(
+    out: Path, model: str, target_interval_s: float, interval_steps: int, skip: int, probe_steps: int, intervals: int
+) -> None:
     result: dict[str, Any] = {"model": LARGE_PARAMS_NOTE if model == "large" else model}
-    base = [sys.executable, "-m", "trainer", "--model", model, "--log-every", "25"]
-    # 1. none, short: the step time sets the checkpoint interval.
-    probe = SCRATCH / "metrics-probe.jsonl"
-    probe.unlink(missing_ok=True)
-    rc, _ = run_logged(
-        out,
-        [*base, "--steps", str(probe_steps), "--checkpoint-engine", "none", "--metrics-file", str(probe)],
-        _trainer_env(),
-        timeout=240,
-    )
-    rows = _metrics(probe)
-    if rc != 0 or len(rows) <= skip + 2:
-        result["error"] = f"probe run rc {rc}, {len(rows)} steps"
-        save_result(out, "efficiency", result)
-        return
-    step_s = _wall_per_step(rows, skip)
-    interval = max(20, math.ceil(target_interval_s / step_s))
-    steps = 2 * interval + skip + 5  # two in-loop saves (plus the final one after the loop, not timed)
-    result.update({"probe_wall_step_s": step_s, "interval_steps": interval, "steps": steps})
-    log(
-        out, f"efficiency: {step_s:.3f} s/step -> interval {interval} steps (~{interval * step_s:.0f} s), {steps} steps"
-    )
+    base = [sys.executable, "-m", "trainer", "--model", model, "--log-every", "50"]
+    if not interval_steps:
+        # A short run without checkpoints: its step time sets the interval.
+        probe = SCRATCH / "metrics-probe.jsonl"
+        probe.unlink(missing_ok=True)
+        rc, _ = run_logged(
+            out,
+            [*base, "--steps", str(probe_steps), "--checkpoint-engine", "none", "--metrics-file", str(probe)],
+            _trainer_env(),
+            timeout=240,
+        )
+        step_s = _window(_metrics(probe), skip, probe_steps)
+        if rc != 0 or step_s is None:
+            result["error"] = f"probe run rc {rc}"
+            save_result(out, "efficiency", result)
+            return
+        interval_steps = max(20, math.ceil(target_interval_s / step_s))
+        result["probe_wall_step_s"] = step_s
+    # The window: steps skip..skip + intervals x interval, with saves at interval, 2 x interval, ...
+    # (all inside it, since skip < interval); the final save after the loop is outside it.
+    last = skip + intervals * interval_steps
+    steps = last + 1
+    result.update({"interval_steps": interval_steps, "steps": steps, "window": [skip, last]})
+    log(out, f"efficiency: interval {interval_steps} steps, {steps} steps, window steps {skip}..{last}")
 
     runs: dict[str, Any] = {}
     for engine in ("none", "async"):
@@ -284,19 +301,27 @@ def section_efficiency(out: Path, model: str, target_interval_s: float, skip: in
         shutil.rmtree(ckdir, ignore_errors=True)
         cmd = [*base, "--steps", str(steps), "--checkpoint-engine", engine, "--metrics-file", str(metrics)]
         if engine != "none":
-            cmd += ["--checkpoint-dir", str(ckdir), "--checkpoint-interval", str(interval), "--checkpoint-keep", "1"]
+            cmd += ["--checkpoint-dir", str(ckdir), "--checkpoint-interval", str(interval_steps)]
+            cmd += ["--checkpoint-keep", "1"]
         rc, text = run_logged(out, cmd, _trainer_env(), timeout=420)
         rows = _metrics(metrics)
         shutil.copy(metrics, out / metrics.name) if metrics.exists() else None
-        ckpt_lines = [line for line in text.splitlines() if "checkpoint step" in line and "complete" in line]
-        run = {"rc": rc, "steps_done": len(rows), "checkpoints": ckpt_lines}
-        if len(rows) > skip + 2:
-            wall = _wall_per_step(rows, skip)
+        keep = ("checkpoint step", "reserving", "deleted")
+        run: dict[str, Any] = {"rc": rc, "steps_done": len(rows)}
+        run["checkpoint_lines"] = [line for line in text.splitlines() if any(k in line for k in keep)]
+        wall = _window(rows, skip, last)
+        if wall is not None:
+            in_window = [r["step_s"] for r in rows if skip < r["step"] <= last]
             run.update(
                 {
                     "wall_step_s": wall,
                     "steps_per_s": 1 / wall,
-                    "median_step_s": statistics.median(r["step_s"] for r in rows if r["step"] > skip),
+                    "interval_s": wall * interval_steps,
+                    "median_step_s": statistics.median(in_window),
+                    "slowest_wall_steps_s": sorted(
+                        (round(b["t"] - a["t"], 3) for a, b in itertools.pairwise(rows) if skip < b["step"] <= last),
+                        reverse=True,
+                    )[:3],
                 }
             )
         runs[engine] = run
@@ -407,7 +432,10 @@ def main() -> None:
     parser.add_argument("--sections", default="env,blocking,efficiency,recovery")
     parser.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
     parser.add_argument("--saves", type=int, default=3)
-    parser.add_argument("--interval-s", type=float, default=60.0)
+    parser.add_argument("--dcp-saves", type=int, default=2, help="dcp.async_save's saves (each writes slowly)")
+    parser.add_argument("--interval-s", type=float, default=150.0)
+    parser.add_argument("--interval-steps", type=int, default=0, help="instead of --interval-s (skips the probe)")
+    parser.add_argument("--intervals", type=int, default=1, help="whole checkpoint intervals in the window")
     parser.add_argument("--skip", type=int, default=10)
     parser.add_argument("--probe-steps", type=int, default=40)
     parser.add_argument("--recovery-model", default="medium")
@@ -422,14 +450,16 @@ def main() -> None:
     if a.section:
         {
             "env": lambda: section_env(out),
-            "blocking": lambda: section_blocking(out, a.saves),
-            "efficiency": lambda: section_efficiency(out, a.eff_model, a.interval_s, a.skip, a.probe_steps),
+            "blocking": lambda: section_blocking(out, a.saves, a.dcp_saves),
+            "efficiency": lambda: section_efficiency(
+                out, a.eff_model, a.interval_s, a.interval_steps, a.skip, a.probe_steps, a.intervals
+            ),
             "recovery": lambda: section_recovery(out, a.recovery_model, a.fault_step),
         }[a.section]()
         return
 
     started = time.monotonic()
-    limits = {"env": 60, "blocking": 420, "efficiency": 480, "recovery": 300}
+    limits = {"env": 60, "blocking": 420, "efficiency": 540, "recovery": 300}
     for section in a.sections.split(","):
         left = a.budget_s - (time.monotonic() - started)
         if left < 30:
@@ -437,7 +467,9 @@ def main() -> None:
             save_result(out, f"{section}_skipped", f"{left:.0f} s left of the budget")
             continue
         cmd = [sys.executable, "-m", "bench.gpu", "--out", str(out), "--section", section]
-        cmd += ["--saves", str(a.saves), "--interval-s", str(a.interval_s), "--skip", str(a.skip)]
+        cmd += ["--saves", str(a.saves), "--dcp-saves", str(a.dcp_saves), "--skip", str(a.skip)]
+        cmd += ["--interval-s", str(a.interval_s), "--interval-steps", str(a.interval_steps)]
+        cmd += ["--intervals", str(a.intervals)]
         cmd += ["--probe-steps", str(a.probe_steps), "--recovery-model", a.recovery_model]
         cmd += ["--fault-step", str(a.fault_step), "--eff-model", a.eff_model]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -12,7 +12,9 @@ many steps). A checkpoint is *complete* only once rank 0 has written
 DCP's `.metadata` are on disk (for async saves: when the background save has
 finished on all ranks). A directory without the marker -- a rank died mid-save,
 an async save never finished -- is never loaded and is deleted once a newer
-checkpoint is complete. The newest `keep` complete checkpoints are kept.
+checkpoint is complete. The newest `keep` complete checkpoints are kept; older
+ones are deleted on a background thread (deleting tens of GB takes seconds), never
+on the training thread.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import re
 import shutil
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from trainer.reporter import Reporter, utcnow_iso
 
@@ -93,6 +96,16 @@ def rotate(root: Path, keep: int) -> list[Path]:
     return doomed
 
 
+def tensor_nbytes(state: Any, device_type: str) -> list[int]:
+    """The size of every tensor on `device_type` in a (nested) state dict, DTensors by their local shard."""
+    if isinstance(state, DTensor):
+        state = state.to_local()
+    if isinstance(state, torch.Tensor):
+        return [state.nbytes] if state.device.type == device_type else []
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, (list, tuple)) else ()
+    return [n for value in values for n in tensor_nbytes(value, device_type)]
+
+
 def _write_marker(path: Path, record: dict[str, Any]) -> None:
     tmp = path / f".{COMPLETE_MARKER}.tmp"
     with open(tmp, "w") as f:
@@ -134,6 +147,7 @@ class Checkpointer:
         self._in_flight: _InFlight | None = None
         self._nvrx = None
         self._group: dist.ProcessGroup | None = None
+        self._janitor: ThreadPoolExecutor | None = None  # rank 0: rotation off the training thread
         self.last_saved_step: int | None = None
         if self.engine == "async":
             if device.type == "cuda":
@@ -146,6 +160,7 @@ class Checkpointer:
         if self.engine != "none" and rank == 0:
             assert root is not None
             root.mkdir(parents=True, exist_ok=True)
+            self._janitor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-rotate")
 
     @property
     def enabled(self) -> bool:
@@ -204,18 +219,18 @@ class Checkpointer:
         self.last_saved_step = step
         if self.engine == "sync":
             dcp.save(state, checkpoint_id=str(path))
-            elapsed = time.monotonic() - started
-            self._complete(step, path, blocking_s=elapsed, total_s=elapsed)
+            self._complete(step, path, started=started, blocking_s=None)  # blocked until marked complete
         elif self._nvrx is not None:
             in_flight = _InFlight(step, path, started, 0.0)
 
             def finalized() -> None:
                 in_flight.finalized = True
-                self._complete(step, path, blocking_s=in_flight.blocking_s, total_s=time.monotonic() - started)
+                self._complete(step, path, started=started, blocking_s=in_flight.blocking_s)
 
             path.mkdir(parents=True, exist_ok=True)
             self._nvrx.schedule(state, str(path), finalized)
             in_flight.blocking_s = time.monotonic() - started
+            log.debug("nvrx save of step %d scheduled: blocked %.3f s", step, in_flight.blocking_s)
             self._in_flight = in_flight
         else:
             result: Any = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
@@ -240,13 +255,29 @@ class Checkpointer:
         elif self._in_flight is not None and self._in_flight.future is not None:
             self._finish_future()
 
+    def warm_up(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Once the optimizer has state (after the first step): have the NVRx writer reserve pinned host
+        memory for this state in the background, so that the first save stages at the speed of later ones
+        instead of allocating tens of GB of pinned memory while training waits."""
+        if self._nvrx is None:
+            return
+        model_state, optim_state = get_state_dict(model, optimizer)
+        sizes = tensor_nbytes({"model": model_state, "optim": optim_state}, self.device.type)
+        self._nvrx.reserve_host_memory(sizes)
+        if self.rank == 0:
+            log.info("async checkpoint writer: reserving %.2f GB of pinned host memory", sum(sizes) / 1e9)
+
     def close(self) -> None:
         if self._nvrx is not None:
             self._nvrx.close()
+        if self._janitor is not None:
+            self._janitor.shutdown(wait=True)
 
     def abandon(self) -> None:
         """After a fault: whatever save is in flight is never completed (so never loaded)."""
         self._in_flight = None
+        if self._janitor is not None:
+            self._janitor.shutdown(wait=False)  # a deletion under way finishes; none is started
         if self._nvrx is not None:
             try:
                 self._nvrx.abandon()
@@ -262,19 +293,19 @@ class Checkpointer:
         except Exception as exc:
             log.error("async checkpoint of step %d failed (%s); it stays incomplete", in_flight.step, exc)
             return
-        self._complete(
-            in_flight.step,
-            in_flight.path,
-            blocking_s=in_flight.blocking_s,
-            total_s=time.monotonic() - in_flight.started,
-        )
+        self._complete(in_flight.step, in_flight.path, started=in_flight.started, blocking_s=in_flight.blocking_s)
 
-    def _complete(self, step: int, path: Path, *, blocking_s: float, total_s: float) -> None:
-        """Every rank's part is on disk: rank 0 marks the checkpoint complete, reports it, rotates."""
+    def _complete(self, step: int, path: Path, *, started: float, blocking_s: float | None) -> None:
+        """Every rank's part is on disk: rank 0 marks the checkpoint complete, reports it, and has the
+        checkpoints beyond `keep` deleted in the background. `blocking_s` None: the training thread was
+        held from `started` until now (a sync save)."""
         if self.rank != 0:
             return
-        assert self.root is not None
+        assert self.root is not None and self._janitor is not None
         size = directory_bytes(path)
+        total_s = time.monotonic() - started
+        if blocking_s is None:
+            blocking_s = total_s
         _write_marker(
             path,
             {
@@ -287,15 +318,14 @@ class Checkpointer:
                 "completed_at": utcnow_iso(),
             },
         )
-        deleted = rotate(self.root, self.keep)
+        self._janitor.submit(self._rotate)
         log.info(
-            "checkpoint step %d complete: %s, %.1f kB, blocked %.3f s, total %.3f s%s",
+            "checkpoint step %d complete: %s, %.1f kB, blocked %.3f s, total %.3f s",
             step,
             path,
             size / 1e3,
             blocking_s,
             total_s,
-            f", deleted {len(deleted)} old" if deleted else "",
         )
         self.reporter.event(
             "checkpoint_saved",
@@ -310,3 +340,14 @@ class Checkpointer:
                 "path": str(path),
             },
         )
+
+    def _rotate(self) -> None:
+        assert self.root is not None
+        started = time.monotonic()
+        try:
+            deleted = rotate(self.root, self.keep)
+        except Exception as exc:  # a failed deletion must not stop the next ones
+            log.warning("deleting old checkpoints under %s failed: %s", self.root, exc)
+            return
+        if deleted:
+            log.info("deleted %d old checkpoint(s) in %.2f s", len(deleted), time.monotonic() - started)

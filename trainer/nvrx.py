@@ -24,6 +24,9 @@ Version notes (the trainer runs on nvidia-resiliency-ext 0.4.1 and 0.7.x):
   `preload_fn` at the same time. Both shapes are handled.
 - The async writer needs CUDA (it synchronizes the device and all-reduces CUDA
   tensors while finalizing); on CPU the async engine is `dcp.async_save`.
+- `FileSystemWriterAsync(use_cached_data_structure=...)` (0.6-ish on) keeps the
+  GPU tensors' IPC handles in the writer process between saves; it is passed only
+  where the writer takes it.
 
 This module deliberately does not use `from __future__ import annotations`:
 the Wrapper finds the parameter that receives its `CallWrapper` by evaluating
@@ -32,6 +35,7 @@ annotations.
 
 import datetime
 import importlib.metadata
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -250,6 +254,14 @@ class RestartCauses:
 # --- 3. async checkpoints on CUDA -----------------------------------------------------------------
 
 
+def reserve_pinned_host_memory(sizes: list[int]) -> None:
+    """Runs in NVRx's writer process: allocate, then free, one pinned host block per tensor size. The
+    caching host allocator keeps the blocks, and the first save's device-to-host copies reuse them
+    (pinning tens of GB takes seconds: without this, the first save blocks that long)."""
+    blocks = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
+    del blocks
+
+
 class NvrxAsyncSaver:
     """torch.distributed.checkpoint saves written by NVRx's async writer process (CUDA only)."""
 
@@ -257,8 +269,20 @@ class NvrxAsyncSaver:
         if not torch.cuda.is_available():
             raise RuntimeError("NVRx's async checkpoint writer needs CUDA; on CPU use dcp.async_save")
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
 
         self.queue = AsyncCallsQueue(persistent=True)
+        takes = inspect.signature(FileSystemWriterAsync.__init__).parameters
+        self._writer_options: dict[str, Any] = {"thread_count": 2}
+        if "use_cached_data_structure" in takes:
+            self._writer_options["use_cached_data_structure"] = True
+
+    def reserve_host_memory(self, sizes: list[int]) -> None:
+        """Start the writer process now and have it pin host memory for tensors of these sizes, in the
+        background (a request of its own in the writer's queue; the next save waits for it if need be)."""
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+        self.queue.schedule_async_request(AsyncRequest(reserve_pinned_host_memory, (sizes,), []))
 
     def schedule(self, state_dict: dict[str, Any], path: str, on_finalized: Callable[[], None]) -> None:
         """Plan and stage now (blocking part); the write runs in the background. `on_finalized`
@@ -271,7 +295,7 @@ class NvrxAsyncSaver:
         )
         from torch.distributed.checkpoint import DefaultSavePlanner
 
-        writer = FileSystemWriterAsync(path, thread_count=2)
+        writer = FileSystemWriterAsync(path, **self._writer_options)
         planned = save_state_dict_async_plan(state_dict, writer, None, 0, planner=DefaultSavePlanner())
         parts = writer.get_save_function_and_args()
         if len(parts) == 3:

@@ -210,6 +210,8 @@ def train(
             enqueue_s = time.perf_counter() - enqueued
 
             checkpointer.poll()
+            if step == start_step:
+                checkpointer.warm_up(model, optimizer)  # the optimizer's state exists from here on
             if checkpointer.due(done):
                 checkpointer.save(done, model, optimizer)
 

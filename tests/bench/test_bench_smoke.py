@@ -46,3 +46,22 @@ def test_scale_smoke(tmp_path: Path) -> None:
     f = json.loads(out.read_text())
     assert f["job"]["status"] == "SUCCEEDED" and f["events_lost"] == 0 and f["faults"]
     assert abs(f["goodput"]["ettr"] - f["goodput"]["truth_ettr"]) < 0.02
+
+
+def test_gpu_efficiency_section_smoke_on_cpu(tmp_path: Path) -> None:
+    """The GPU benchmark's efficiency section runs the trainer on whatever device there is; here, tiny on
+    the CPU: the window spans whole checkpoint intervals, each with its save."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "bench.gpu", "--out", str(out), "--sections", "efficiency", "--eff-model", "tiny"]
+    cmd += ["--interval-steps", "4", "--intervals", "2", "--skip", "2"]
+    env = {**os.environ, "BENCH_GPU_SCRATCH": str(tmp_path / "scratch")}
+    subprocess.run(cmd, env=env, check=True, timeout=300, capture_output=True)
+    result = json.loads((out / "results.json").read_text())["efficiency"]
+    assert (result["interval_steps"], result["steps"], result["window"]) == (4, 11, [2, 10])
+    saves = [line for line in result["runs"]["async"]["checkpoint_lines"] if "complete" in line]
+    assert [int(line.split("checkpoint step ")[1].split()[0]) for line in saves] == [4, 8, 11]
+    assert result["runs"]["none"]["steps_done"] == 11 and 0 < result["async_over_none"] < 2

@@ -162,3 +162,62 @@ def test_engine_none_reads_and_writes_nothing(tmp_path: Path) -> None:
     assert not ckpt.enabled and not ckpt.due(1)
     model = torch.nn.Linear(2, 2)
     assert ckpt.load_latest(model, torch.optim.SGD(model.parameters())) == 0
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_old_checkpoints_are_deleted_off_the_training_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import trainer.checkpoint as checkpoint_module
+
+    deleting_threads: list[str] = []
+    real_rotate = checkpoint_module.rotate
+
+    def recording_rotate(root: Path, keep: int) -> list[Path]:
+        deleting_threads.append(threading.current_thread().name)
+        return real_rotate(root, keep)
+
+    monkeypatch.setattr(checkpoint_module, "rotate", recording_rotate)
+    events = Events()
+    model, optimizer = build()
+    ckpt = Checkpointer(
+        tmp_path, engine="sync", interval=1, keep=2, rank=0, reporter=events, device=torch.device("cpu")
+    )  # type: ignore[arg-type]
+    for step in (1, 2, 3):
+        ckpt.save(step, model, optimizer)
+    ckpt.close()  # waits for the deletions
+    assert [c.step for c in list_checkpoints(tmp_path)] == [2, 3]
+    assert len(deleting_threads) == 3 and threading.current_thread().name not in deleting_threads
+    # a sync save's blocking time is all of it: the step waited until the checkpoint was marked complete
+    saved = [kw["details"] for t, kw in events.events if t == "checkpoint_saved"]
+    assert [d["step"] for d in saved] == [1, 2, 3] and all(d["blocking_s"] == d["total_s"] > 0 for d in saved)
+
+
+def test_tensor_sizes_of_a_nested_state_count_dtensors_by_their_local_shard() -> None:
+    from trainer.checkpoint import tensor_nbytes
+
+    state = {
+        "model": {"w": torch.zeros(4, 8), "b": torch.zeros(3, dtype=torch.float16)},
+        "optim": {
+            "state": {"w": {"exp_avg": torch.zeros(2, 2), "step": torch.tensor(3.0)}},
+            "param_groups": [{"lr": 1}],
+        },
+        "extra": [torch.zeros(5, dtype=torch.uint8), "text", None],
+    }
+    assert sorted(tensor_nbytes(state, "cpu")) == [4, 5, 6, 16, 128]
+    assert tensor_nbytes(state, "cuda") == []
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_sizes_of_a_sharded_model_and_optimizer(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from trainer.checkpoint import tensor_nbytes
+
+    model, optimizer = build()
+    train_steps(model, optimizer, range(1))
+    model_state, optim_state = get_state_dict(model, optimizer)
+    sizes = tensor_nbytes({"model": model_state, "optim": optim_state}, "cpu")
+    params = sum(p.to_local().nbytes for p in model.parameters())  # type: ignore[operator]
+    # params, exp_avg and exp_avg_sq; AdamW's 4-byte `step` per parameter
+    assert sum(sizes) == 3 * params + 4 * len(list(model.parameters()))
