@@ -120,7 +120,7 @@ class _Events:
         self.events.append({"type": type_, **kw})
 
 
-def section_blocking(out: Path, saves: int, dcp_saves: int) -> None:
+def section_blocking(out: Path, saves: int, dcp_saves: int, engines_wanted: list[str]) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -169,7 +169,7 @@ def section_blocking(out: Path, saves: int, dcp_saves: int) -> None:
         ("nvrx_async", "async", device, saves),
         ("dcp_async_save", "async", torch.device("cpu"), dcp_saves),
     ]
-    for label, engine, picker, n_saves in engines:
+    for label, engine, picker, n_saves in [e for e in engines if e[0] in engines_wanted]:
         root = SCRATCH / f"blocking-{label}"
         shutil.rmtree(root, ignore_errors=True)
         events = _Events()
@@ -433,6 +433,7 @@ def main() -> None:
     parser.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
     parser.add_argument("--saves", type=int, default=3)
     parser.add_argument("--dcp-saves", type=int, default=2, help="dcp.async_save's saves (each writes slowly)")
+    parser.add_argument("--engines", default="sync,nvrx_async,dcp_async_save", help="the blocking section's engines")
     parser.add_argument("--interval-s", type=float, default=150.0)
     parser.add_argument("--interval-steps", type=int, default=0, help="instead of --interval-s (skips the probe)")
     parser.add_argument("--intervals", type=int, default=1, help="whole checkpoint intervals in the window")
@@ -450,7 +451,7 @@ def main() -> None:
     if a.section:
         {
             "env": lambda: section_env(out),
-            "blocking": lambda: section_blocking(out, a.saves, a.dcp_saves),
+            "blocking": lambda: section_blocking(out, a.saves, a.dcp_saves, a.engines.split(",")),
             "efficiency": lambda: section_efficiency(
                 out, a.eff_model, a.interval_s, a.interval_steps, a.skip, a.probe_steps, a.intervals
             ),
@@ -469,7 +470,7 @@ def main() -> None:
         cmd = [sys.executable, "-m", "bench.gpu", "--out", str(out), "--section", section]
         cmd += ["--saves", str(a.saves), "--dcp-saves", str(a.dcp_saves), "--skip", str(a.skip)]
         cmd += ["--interval-s", str(a.interval_s), "--interval-steps", str(a.interval_steps)]
-        cmd += ["--intervals", str(a.intervals)]
+        cmd += ["--intervals", str(a.intervals), "--engines", a.engines]
         cmd += ["--probe-steps", str(a.probe_steps), "--recovery-model", a.recovery_model]
         cmd += ["--fault-step", str(a.fault_step), "--eff-model", a.eff_model]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

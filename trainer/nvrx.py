@@ -24,6 +24,10 @@ Version notes (the trainer runs on nvidia-resiliency-ext 0.4.1 and 0.7.x):
   `preload_fn` at the same time. Both shapes are handled.
 - The async writer needs CUDA (it synchronizes the device and all-reduces CUDA
   tensors while finalizing); on CPU the async engine is `dcp.async_save`.
+- The writer's results travel through one multiprocessing Manager queue per
+  process (`get_write_results_queue`, `_get_write_results_queue` before), made on
+  the first save; starting the manager process takes seconds, so it is started
+  on a thread as soon as the saver exists.
 - `FileSystemWriterAsync(use_cached_data_structure=...)` (0.6-ish on) keeps the
   GPU tensors' IPC handles in the writer process between saves; it is passed only
   where the writer takes it.
@@ -38,6 +42,7 @@ import importlib.metadata
 import inspect
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -262,6 +267,20 @@ def reserve_pinned_host_memory(sizes: list[int]) -> None:
     del blocks
 
 
+def _start_results_queue() -> threading.Thread | None:
+    """Make NVRx's per-process results queue (a Manager process) on a thread of its own."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
+
+    create = getattr(filesystem_async, "get_write_results_queue", None) or getattr(
+        filesystem_async, "_get_write_results_queue", None
+    )
+    if create is None:
+        return None
+    thread = threading.Thread(target=create, name="nvrx-results-queue", daemon=True)
+    thread.start()
+    return thread
+
+
 class NvrxAsyncSaver:
     """torch.distributed.checkpoint saves written by NVRx's async writer process (CUDA only)."""
 
@@ -272,6 +291,7 @@ class NvrxAsyncSaver:
         from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
 
         self.queue = AsyncCallsQueue(persistent=True)
+        self._results_queue_started = _start_results_queue()
         takes = inspect.signature(FileSystemWriterAsync.__init__).parameters
         self._writer_options: dict[str, Any] = {"thread_count": 2}
         if "use_cached_data_structure" in takes:
@@ -295,6 +315,8 @@ class NvrxAsyncSaver:
         )
         from torch.distributed.checkpoint import DefaultSavePlanner
 
+        if self._results_queue_started is not None:
+            self._results_queue_started.join()  # a no-op unless this save comes seconds after the start
         writer = FileSystemWriterAsync(path, **self._writer_options)
         planned = save_state_dict_async_plan(state_dict, writer, None, 0, planner=DefaultSavePlanner())
         parts = writer.get_save_function_and_args()

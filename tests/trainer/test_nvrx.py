@@ -129,3 +129,17 @@ def test_restart_signals_are_recognised() -> None:
     from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 
     assert nvrx.is_restart_signal(RankShouldRestart("x")) and not nvrx.is_restart_signal(RuntimeError("x"))
+
+
+def test_the_async_writers_results_queue_is_started_off_the_training_thread() -> None:
+    """NVRx makes its results queue (a Manager process, seconds to start) on the first save; the saver
+    starts it on a thread at construction, so the first save finds it made."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
+
+    thread = nvrx._start_results_queue()
+    assert thread is not None and thread.name == "nvrx-results-queue" and thread.daemon
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert filesystem_async._results_queue is not None
+    filesystem_async._results_queue.put("ping")
+    assert filesystem_async._results_queue.get(timeout=10) == "ping"
