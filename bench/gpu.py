@@ -6,7 +6,7 @@ log line to DIR/gpu.log):
 - `env`: nvidia-smi, Python, torch and NVRx versions.
 - `blocking`: the `large` model (~1.3B parameters, FSDP2 over one rank, AdamW state on the GPU), a few
   training steps, then the trainer's own `Checkpointer` saving with each engine: `sync` (dcp.save),
-  `nvrx` (NVRx's async writer, the trainer's async engine on CUDA; its pinned host memory reserved by
+  `nvrx` (NVRx's async writer, the trainer's async engine on CUDA; warmed up in the background by
   `Checkpointer.warm_up` first, as the trainer does after its first step) and `dcp` (dcp.async_save, the
   trainer's async engine on CPU, forced here). The figure is the time the training step is blocked;
   target: async blocking <= 1/30 of sync.
@@ -190,7 +190,7 @@ def section_blocking(out: Path, saves: int, dcp_saves: int, engines_wanted: list
             ckpt.wait()  # the reservation runs in the background; let it finish before the first save
             if label == "nvrx_async":
                 warm_s = time.perf_counter() - t0
-                log(out, f"{label} warm-up: stalled {warm_stall:.3f} s, reserved in the background in {warm_s:.1f} s")
+                log(out, f"{label} warm-up: stalled {warm_stall:.3f} s, done in the background in {warm_s:.1f} s")
                 result[f"{label}_warm_up"] = {"stall_s": round(warm_stall, 4), "background_s": round(warm_s, 2)}
             for i in range(1, n_saves + 1):
                 step(100 + i)  # the state changes between saves, as in training
@@ -218,7 +218,7 @@ def section_blocking(out: Path, saves: int, dcp_saves: int, engines_wanted: list
         shutil.rmtree(root, ignore_errors=True)
         save_result(out, "blocking", result)
 
-    # Medians over every save, the first included (the NVRx writer's memory was reserved beforehand, as
+    # Medians over every save, the first included (the NVRx writer was warmed up beforehand, as
     # in the trainer); and the worst save of each engine.
     def figures(label: str) -> tuple[float | None, float | None]:
         xs = result.get(label, {}).get("blocking_s") or []
@@ -306,7 +306,7 @@ def section_efficiency(
         rc, text = run_logged(out, cmd, _trainer_env(), timeout=420)
         rows = _metrics(metrics)
         shutil.copy(metrics, out / metrics.name) if metrics.exists() else None
-        keep = ("checkpoint step", "reserving", "deleted")
+        keep = ("checkpoint step", "warming up", "deleted")
         run: dict[str, Any] = {"rc": rc, "steps_done": len(rows)}
         run["checkpoint_lines"] = [line for line in text.splitlines() if any(k in line for k in keep)]
         wall = _window(rows, skip, last)

@@ -96,14 +96,14 @@ def rotate(root: Path, keep: int) -> list[Path]:
     return doomed
 
 
-def tensor_nbytes(state: Any, device_type: str) -> list[int]:
-    """The size of every tensor on `device_type` in a (nested) state dict, DTensors by their local shard."""
+def local_tensors(state: Any, device_type: str) -> list[torch.Tensor]:
+    """Every tensor on `device_type` in a (nested) state dict, DTensors as their local shard."""
     if isinstance(state, DTensor):
         state = state.to_local()
     if isinstance(state, torch.Tensor):
-        return [state.nbytes] if state.device.type == device_type else []
+        return [state] if state.device.type == device_type else []
     values = state.values() if isinstance(state, dict) else state if isinstance(state, (list, tuple)) else ()
-    return [n for value in values for n in tensor_nbytes(value, device_type)]
+    return [t for value in values for t in local_tensors(value, device_type)]
 
 
 def _write_marker(path: Path, record: dict[str, Any]) -> None:
@@ -123,6 +123,7 @@ class _InFlight:
     blocking_s: float
     future: Future | None = None  # dcp.async_save
     finalized: bool = False  # NVRx: set by the finalize callback
+    stages: dict[str, float] | None = None  # NVRx: where the blocking time went
 
 
 class Checkpointer:
@@ -225,12 +226,11 @@ class Checkpointer:
 
             def finalized() -> None:
                 in_flight.finalized = True
-                self._complete(step, path, started=started, blocking_s=in_flight.blocking_s)
+                self._complete(step, path, started=started, blocking_s=in_flight.blocking_s, stages=in_flight.stages)
 
             path.mkdir(parents=True, exist_ok=True)
-            self._nvrx.schedule(state, str(path), finalized)
+            in_flight.stages = self._nvrx.schedule(state, str(path), finalized)
             in_flight.blocking_s = time.monotonic() - started
-            log.debug("nvrx save of step %d scheduled: blocked %.3f s", step, in_flight.blocking_s)
             self._in_flight = in_flight
         else:
             result: Any = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
@@ -256,16 +256,20 @@ class Checkpointer:
             self._finish_future()
 
     def warm_up(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Once the optimizer has state (after the first step): have the NVRx writer reserve pinned host
-        memory for this state in the background, so that the first save stages at the speed of later ones
-        instead of allocating tens of GB of pinned memory while training waits."""
+        """Once the optimizer has state (after the first step): have the NVRx writer set up, in the
+        background, what its first save would otherwise set up while training waits (see
+        `nvrx.warm_up_writer_process`)."""
         if self._nvrx is None:
             return
         model_state, optim_state = get_state_dict(model, optimizer)
-        sizes = tensor_nbytes({"model": model_state, "optim": optim_state}, self.device.type)
-        self._nvrx.reserve_host_memory(sizes)
+        tensors = local_tensors({"model": model_state, "optim": optim_state}, self.device.type)
+        self._nvrx.warm_up(tensors)
         if self.rank == 0:
-            log.info("async checkpoint writer: reserving %.2f GB of pinned host memory", sum(sizes) / 1e9)
+            log.info(
+                "async checkpoint writer: warming up on %d tensors, %.2f GB",
+                len(tensors),
+                sum(t.nbytes for t in tensors) / 1e9,
+            )
 
     def close(self) -> None:
         if self._nvrx is not None:
@@ -295,10 +299,18 @@ class Checkpointer:
             return
         self._complete(in_flight.step, in_flight.path, started=in_flight.started, blocking_s=in_flight.blocking_s)
 
-    def _complete(self, step: int, path: Path, *, started: float, blocking_s: float | None) -> None:
+    def _complete(
+        self,
+        step: int,
+        path: Path,
+        *,
+        started: float,
+        blocking_s: float | None,
+        stages: dict[str, float] | None = None,
+    ) -> None:
         """Every rank's part is on disk: rank 0 marks the checkpoint complete, reports it, and has the
         checkpoints beyond `keep` deleted in the background. `blocking_s` None: the training thread was
-        held from `started` until now (a sync save)."""
+        held from `started` until now (a sync save). `stages`: where the blocking time went."""
         if self.rank != 0:
             return
         assert self.root is not None and self._janitor is not None
@@ -320,11 +332,12 @@ class Checkpointer:
         )
         self._janitor.submit(self._rotate)
         log.info(
-            "checkpoint step %d complete: %s, %.1f kB, blocked %.3f s, total %.3f s",
+            "checkpoint step %d complete: %s, %.1f kB, blocked %.3f s%s, total %.3f s",
             step,
             path,
             size / 1e3,
             blocking_s,
+            " (" + ", ".join(f"{k} {v:.3f} s" for k, v in stages.items()) + ")" if stages else "",
             total_s,
         )
         self.reporter.event(
@@ -338,6 +351,7 @@ class Checkpointer:
                 "bytes": size,
                 "engine": self.engine,
                 "path": str(path),
+                **({"blocking_stages_s": {k: round(v, 4) for k, v in stages.items()}} if stages else {}),
             },
         )
 

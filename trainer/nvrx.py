@@ -43,6 +43,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -259,12 +260,21 @@ class RestartCauses:
 # --- 3. async checkpoints on CUDA -----------------------------------------------------------------
 
 
-def reserve_pinned_host_memory(sizes: list[int]) -> None:
-    """Runs in NVRx's writer process: allocate, then free, one pinned host block per tensor size. The
-    caching host allocator keeps the blocks, and the first save's device-to-host copies reuse them
-    (pinning tens of GB takes seconds: without this, the first save blocks that long)."""
-    blocks = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
-    del blocks
+_WRITER_PROCESS_STATE: list[torch.Tensor] = []
+
+
+def warm_up_writer_process(tensors: list[torch.Tensor]) -> None:
+    """Runs in NVRx's writer process, while training goes on. Two things the first save would otherwise
+    do while training waits: map the training state's GPU memory (CUDA IPC; the tensors are kept, so the
+    mappings stay open and later saves' tensors are found in torch's IPC cache), and pin host memory for
+    its device-to-host copy (one copy made and dropped: the caching host allocator keeps the blocks)."""
+    try:
+        _WRITER_PROCESS_STATE[:] = tensors
+        staged = [t.to("cpu", non_blocking=True) for t in tensors]
+        torch.cuda.synchronize()
+        del staged
+    except Exception as exc:  # a warm-up must never take the writer down
+        log.warning("warming up the async checkpoint writer failed: %s", exc)
 
 
 def _start_results_queue() -> threading.Thread | None:
@@ -297,16 +307,17 @@ class NvrxAsyncSaver:
         if "use_cached_data_structure" in takes:
             self._writer_options["use_cached_data_structure"] = True
 
-    def reserve_host_memory(self, sizes: list[int]) -> None:
-        """Start the writer process now and have it pin host memory for tensors of these sizes, in the
+    def warm_up(self, tensors: list[torch.Tensor]) -> None:
+        """Start the writer process now and warm it up on the training state's GPU tensors, in the
         background (a request of its own in the writer's queue; the next save waits for it if need be)."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
-        self.queue.schedule_async_request(AsyncRequest(reserve_pinned_host_memory, (sizes,), []))
+        self.queue.schedule_async_request(AsyncRequest(warm_up_writer_process, (tensors,), []))
 
-    def schedule(self, state_dict: dict[str, Any], path: str, on_finalized: Callable[[], None]) -> None:
+    def schedule(self, state_dict: dict[str, Any], path: str, on_finalized: Callable[[], None]) -> dict[str, float]:
         """Plan and stage now (blocking part); the write runs in the background. `on_finalized`
-        runs on every rank once all ranks' writes are done and the metadata is written."""
+        runs on every rank once all ranks' writes are done and the metadata is written. Returns the
+        blocking part's stages in seconds: `plan` (DCP planning), `stage` (the writer's copy to host)."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
         from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
         from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
@@ -315,6 +326,7 @@ class NvrxAsyncSaver:
         )
         from torch.distributed.checkpoint import DefaultSavePlanner
 
+        started = time.monotonic()
         if self._results_queue_started is not None:
             self._results_queue_started.join()  # a no-op unless this save comes seconds after the start
         writer = FileSystemWriterAsync(path, **self._writer_options)
@@ -330,7 +342,9 @@ class NvrxAsyncSaver:
             on_finalized()
 
         extra = {"preload_fn": preload_fn} if preload_fn is not None and "preload_fn" in AsyncRequest._fields else {}
+        planned_at = time.monotonic()
         self.queue.schedule_async_request(AsyncRequest(save_fn, save_args, [finalize], **extra))
+        return {"plan": planned_at - started, "stage": time.monotonic() - planned_at}
 
     def poll(self, blocking: bool = False) -> None:
         """Finalize the saves that are done (a collective: every rank calls it at the same step)."""

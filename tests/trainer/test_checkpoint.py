@@ -193,8 +193,8 @@ def test_old_checkpoints_are_deleted_off_the_training_thread(tmp_path: Path, mon
     assert [d["step"] for d in saved] == [1, 2, 3] and all(d["blocking_s"] == d["total_s"] > 0 for d in saved)
 
 
-def test_tensor_sizes_of_a_nested_state_count_dtensors_by_their_local_shard() -> None:
-    from trainer.checkpoint import tensor_nbytes
+def test_the_tensors_of_a_nested_state_with_dtensors_as_their_local_shard() -> None:
+    from trainer.checkpoint import local_tensors
 
     state = {
         "model": {"w": torch.zeros(4, 8), "b": torch.zeros(3, dtype=torch.float16)},
@@ -204,20 +204,22 @@ def test_tensor_sizes_of_a_nested_state_count_dtensors_by_their_local_shard() ->
         },
         "extra": [torch.zeros(5, dtype=torch.uint8), "text", None],
     }
-    assert sorted(tensor_nbytes(state, "cpu")) == [4, 5, 6, 16, 128]
-    assert tensor_nbytes(state, "cuda") == []
+    assert sorted(t.nbytes for t in local_tensors(state, "cpu")) == [4, 5, 6, 16, 128]
+    assert local_tensors(state, "cuda") == []
 
 
 @pytest.mark.usefixtures("one_rank_group")
-def test_sizes_of_a_sharded_model_and_optimizer(tmp_path: Path) -> None:
+def test_the_tensors_of_a_sharded_model_and_optimizer(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from trainer.checkpoint import tensor_nbytes
+    from trainer.checkpoint import local_tensors
 
     model, optimizer = build()
     train_steps(model, optimizer, range(1))
     model_state, optim_state = get_state_dict(model, optimizer)
-    sizes = tensor_nbytes({"model": model_state, "optim": optim_state}, "cpu")
+    tensors = local_tensors({"model": model_state, "optim": optim_state}, "cpu")
+    assert not any(isinstance(t, torch.distributed.tensor.DTensor) for t in tensors)
+    sizes = [t.nbytes for t in tensors]
     params = sum(p.to_local().nbytes for p in model.parameters())  # type: ignore[operator]
     # params, exp_avg and exp_avg_sq; AdamW's 4-byte `step` per parameter
     assert sum(sizes) == 3 * params + 4 * len(list(model.parameters()))
