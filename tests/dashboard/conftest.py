@@ -1,3 +1,4 @@
-from tests.webhooks.support import admin, admin_token, app, client, enqueued, env, make_job, receiver
+from tests.webhooks.support import app, enqueued, env, receiver
 
-__all__ = ["admin", "admin_token", "app", "client", "enqueued", "env", "make_job", "receiver"]
+# client, admin_token, admin and make_job come from tests/conftest.py and use the app above.
+__all__ = ["app", "enqueued", "env", "receiver"]

@@ -8,13 +8,14 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from api.schemas.events import utcnow
-from tests.webhooks.support import job_spec, post_events, start
+from tests.conftest import tiny_spec
+from tests.webhooks.support import post_events, start
 
 
 def job_with_restarts(admin: TestClient) -> dict[str, Any]:
     response = admin.post(
         "/v1/jobs",
-        json=job_spec(
+        json=tiny_spec(
             name="llama-fsdp",
             procs_per_node=4,
             resiliency={"heartbeat_timeout_s": 30},

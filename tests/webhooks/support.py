@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,22 +19,18 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.conftest import configure_env
+
 
 def point_at(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **extra: str) -> None:
-    """Point settings, database and broker at this test's own state."""
-    from api.core.config import get_settings
-    from api.core.db import reset_caches
-    from workers.celery_app import celery_app, configure
-
-    monkeypatch.setenv("FTPLANE_DATA_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("FTPLANE_DATABASE_URL", f"sqlite:///{tmp_path / 'ftplane.db'}")
-    monkeypatch.delenv("FTPLANE_REDIS_URL", raising=False)
-    monkeypatch.delenv("FTPLANE_AUTH", raising=False)
-    monkeypatch.setenv("FTPLANE_WEBHOOK_ALLOW_PRIVATE", "true")  # the receivers are on 127.0.0.1
-    for key, value in extra.items():
-        monkeypatch.setenv(key, value)
-    reset_caches()
-    configure(celery_app, get_settings())
+    """Point settings, database (SQLite) and broker at this test's own state; receivers are on 127.0.0.1."""
+    configure_env(
+        monkeypatch,
+        tmp_path / "state",
+        f"sqlite:///{tmp_path / 'ftplane.db'}",
+        FTPLANE_WEBHOOK_ALLOW_PRIVATE="true",
+        **extra,
+    )
 
 
 @pytest.fixture
@@ -63,55 +59,11 @@ def enqueued(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float | None]]:
 
 @pytest.fixture
 def app(env: Path, enqueued: list[tuple[str, float | None]]) -> Any:
+    """The app of tests/conftest.py (whose client, admin and make_job fixtures use this one), with
+    webhook deliveries captured."""
     from api.main import create_app
 
     return create_app()
-
-
-@pytest.fixture
-def client(app: Any) -> Iterator[TestClient]:
-    with TestClient(app) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def admin_token(app: Any) -> str:
-    from api.core.db import session_scope
-    from api.models import tokens
-
-    with session_scope() as session:
-        _, token = tokens.create_admin(session, "tests")
-    return token
-
-
-@pytest.fixture
-def admin(client: TestClient, admin_token: str) -> TestClient:
-    client.headers["Authorization"] = f"Bearer {admin_token}"
-    return client
-
-
-def job_spec(**overrides: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "name": "tiny",
-        "backend": "local",
-        "command": ["python", "-c", "pass"],
-        "procs_per_node": 2,
-        "labels": {"team": "research"},
-    }
-    spec.update(overrides)
-    return spec
-
-
-@pytest.fixture
-def make_job(admin: TestClient) -> Callable[..., dict[str, Any]]:
-    """Create a job through the API; the result carries its trainer `token`."""
-
-    def make(**overrides: Any) -> dict[str, Any]:
-        response = admin.post("/v1/jobs", json=job_spec(**overrides))
-        assert response.status_code == 201, response.text
-        return dict(response.json())
-
-    return make
 
 
 def start(job: dict[str, Any]) -> None:

@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from standardwebhooks import Webhook
 
-from tests.webhooks.support import Receiver, job_spec, point_at, post_events
+from tests.conftest import tiny_spec
+from tests.webhooks.support import Receiver, point_at, post_events
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +78,7 @@ def test_restart_delivered_by_a_real_worker_within_two_seconds(live: TestClient,
     from api.schemas.events import utcnow
 
     hook = live.post("/v1/webhooks", json={"url": receiver.url + "/ok", "event_types": ["injob_restart"]}).json()
-    job = live.post("/v1/jobs", json=job_spec(command=["python", "-c", "pass"])).json()
+    job = live.post("/v1/jobs", json=tiny_spec(command=["python", "-c", "pass"])).json()
 
     # The first delivery also waits for the worker to start.
     post_events(live, job, {"key": "warm-up", "type": "injob_restart"})
