@@ -7,6 +7,7 @@ under CI=true their absence is an error, never a skip.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,18 @@ PG_URL = os.environ.get("FTPLANE_TEST_DATABASE_URL")
 REDIS_URL = os.environ.get("FTPLANE_TEST_REDIS_URL")
 
 
+def wait_for(what: str, condition: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
+    """Poll until `condition()` is truthy and return its value; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
 def require(value: str | None, what: str) -> str:
     if value:
         return value
@@ -31,8 +44,8 @@ def require(value: str | None, what: str) -> str:
     pytest.skip(f"{what} not set")
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
+@contextmanager
+def postgres_database() -> Iterator[str]:
     """A fresh, empty PostgreSQL database, dropped afterwards."""
     base = make_url(require(PG_URL, "FTPLANE_TEST_DATABASE_URL"))
     name = f"ftplane_test_{uuid.uuid4().hex[:12]}"
@@ -45,6 +58,12 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

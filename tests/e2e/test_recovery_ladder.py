@@ -12,7 +12,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from api.client import Client
-from tests.conftest import ftplane_server
+from tests.conftest import ftplane_server, wait_for
 from tests.webhooks.support import Receiver, receiver  # noqa: F401 (the receiver fixture)
 
 pytestmark = pytest.mark.slow
@@ -57,13 +57,7 @@ def spec(api: Client, name: str, steps: int, **overrides: Any) -> dict[str, Any]
 
 
 def wait(what: str, condition: Callable[[], Any], timeout: float = 150) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return wait_for(what, condition, timeout, interval=0.3)
 
 
 def events(api: Client, job_id: str, type_: str | None = None) -> list[dict[str, Any]]:

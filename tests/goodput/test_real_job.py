@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,19 +9,13 @@ from typing import Any
 import pytest
 
 from api.client import Client
-from tests.conftest import ftplane_server
+from tests.conftest import ftplane_server, wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def wait(what: str, condition: Callable[[], Any], timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return wait_for(what, condition, timeout, interval=0.3)
 
 
 def test_real_job_buckets_sum_to_wall_and_ettr_is_a_fraction(tmp_path: Path) -> None:

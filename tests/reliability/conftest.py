@@ -12,8 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -21,39 +19,9 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from api.devserver import ROOT, free_port
-from tests.conftest import PG_URL, require
-
-
-def wait_for(what: str, condition: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
-    """Poll until `condition()` is truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-@contextmanager
-def postgres_database() -> Iterator[str]:
-    """A fresh PostgreSQL database (as the `postgres_url` fixture makes), for wider scopes."""
-    base = make_url(require(PG_URL, "FTPLANE_TEST_DATABASE_URL"))
-    name = f"ftplane_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+from tests.conftest import wait_for
 
 
 def bare_app() -> Any:

@@ -24,8 +24,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from tests.conftest import REDIS_URL, configure_env, require
-from tests.reliability.conftest import ApiProcess, WorkerProcess, wait_for
+from tests.conftest import REDIS_URL, configure_env, require, wait_for
+from tests.reliability.conftest import ApiProcess, WorkerProcess
 
 END = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

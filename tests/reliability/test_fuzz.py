@@ -22,8 +22,8 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.conftest import configure_env, tiny_spec
-from tests.reliability.conftest import bare_app, postgres_database
+from tests.conftest import configure_env, postgres_database, tiny_spec
+from tests.reliability.conftest import bare_app
 
 # Cases per operation and mode. PostgreSQL refuses more than SQLite (NUL in text, NaN in JSON), so
 # it gets the larger share of the time budget.

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import configure_env
-from tests.reliability.conftest import ApiProcess, child_env, wait_for
+from tests.conftest import configure_env, wait_for
+from tests.reliability.conftest import ApiProcess, child_env
 
 pytestmark = pytest.mark.slow
 

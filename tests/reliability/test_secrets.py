@@ -22,7 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.reliability.conftest import ApiProcess, WorkerProcess, wait_for
+from tests.conftest import wait_for
+from tests.reliability.conftest import ApiProcess, WorkerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.conftest import REPO, wait_for
+from tests.conftest import wait_for
+from tests.trainer.conftest import REPO
 from trainer.config import FaultSpec
 from trainer.faults import FaultInjector, InjectedFault, hang_forever, marker_dir
 
@@ -152,7 +153,7 @@ def test_hang_blocks_the_step_for_good(tmp_path: Path) -> None:
         assert child.stdout is not None
         lines = [child.stdout.readline() for _ in range(2)]
         assert lines == ["step 0\n", "step 1\n"]
-        wait_for(lambda: (tmp_path / "j.spec-0").exists(), 30, "the hang to start")
+        wait_for("the hang to start", lambda: (tmp_path / "j.spec-0").exists(), 30, interval=0.05)
         time.sleep(2)  # a hang is the absence of progress: give it time to (not) make some
         assert child.poll() is None
     finally:

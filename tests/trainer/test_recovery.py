@@ -19,7 +19,8 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.trainer.conftest import Job, Receiver, launcher_command, trainer_env, wait_for
+from tests.conftest import wait_for
+from tests.trainer.conftest import Job, Receiver, launcher_command, trainer_env
 from trainer.checkpoint import COMPLETE_MARKER, latest_complete, list_checkpoints, step_dir
 
 pytestmark = pytest.mark.slow
@@ -285,7 +286,7 @@ def test_control_plane_fault_directive_fires_once(
         extra={"FTPLANE_INPROCESS": "1", "FTPLANE_COLLECTIVE_TIMEOUT_S": "5"},
     )
     job = launch(launcher_command([*TRAINER_ARGS, "--step-delay-s", "0.15"], max_restarts=0), env)
-    wait_for(lambda: receiver.max_step(0) >= 7, 90, "rank 0 to pass step 7")
+    wait_for("rank 0 to pass step 7", lambda: receiver.max_step(0) >= 7, 90, interval=0.05)
     # Asked for at the next step, and asked again in every later reply: injected once.
     with receiver.lock:
         receiver.faults.append({"id": "cp-fault-1", "kind": "exception", "rank": 0, "at_step": None})

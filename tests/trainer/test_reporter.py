@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import TOKEN, Job, Receiver, launcher_command, trainer_env, wait_for
+from tests.conftest import wait_for
+from tests.trainer.conftest import TOKEN, Job, Receiver, launcher_command, trainer_env
 from trainer.reporter import Reporter
 
 
@@ -78,7 +79,7 @@ def test_retry_after_is_honoured(receiver: Receiver) -> None:
     reporter = make(receiver)
     started = time.monotonic()
     reporter.event("running", rank=0)
-    wait_for(lambda: receiver.events, 10, "the event")
+    wait_for("the event", lambda: receiver.events, 10, interval=0.05)
     assert time.monotonic() - started >= 1.4
     reporter.close(5)
 
@@ -115,7 +116,7 @@ def test_fault_directives_in_heartbeat_replies_reach_the_callback(receiver: Rece
     seen: list[dict] = []
     reporter = make(receiver, on_faults=seen.extend)
     reporter.heartbeat(1, 3)
-    wait_for(lambda: seen, 5, "the fault directive")
+    wait_for("the fault directive", lambda: seen, 5, interval=0.05)
     assert seen[0] == {"id": "f-1", "kind": "crash", "rank": 1, "at_step": None}
     reporter.close(5)
 
@@ -173,7 +174,9 @@ def test_no_event_lost_and_no_step_blocked_across_a_30s_outage(
     ]
     job = launch(launcher_command(args, max_restarts=0), env)
 
-    wait_for(lambda: receiver.max_step(0) >= 30 and receiver.max_step(1) >= 30, 90, "both ranks at step 30")
+    wait_for(
+        "both ranks at step 30", lambda: receiver.max_step(0) >= 30 and receiver.max_step(1) >= 30, 90, interval=0.05
+    )
     receiver.stop()
     down, down_wall = time.monotonic(), time.time()
     time.sleep(outage_s)  # the outage itself is the thing under test

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from api.schemas.spec import JobSpec
+from tests.conftest import wait_for
 from workers.backends.base import AttemptPhase, AttemptStatus, FaultRequest, LaunchRequest
 from workers.backends.local import LocalBackend, process_start_time
 
@@ -33,16 +32,6 @@ def spec(**overrides: object) -> JobSpec:
     return JobSpec.model_validate(base)
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 60.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def launch(backend: LocalBackend, job_spec: JobSpec, job_id: str = "job1") -> LaunchRequest:
     request = LaunchRequest(
         job_id=job_id, attempt=0, spec=job_spec, token="ftp_job_secret", control_plane_url="http://x"
@@ -63,7 +52,7 @@ def test_success_and_idempotent_launch(backend: LocalBackend) -> None:
     launch(backend, job_spec)  # a redelivered launch starts nothing new
     assert backend.attempt_dir("job1", 0).launched() == first
     status = wait_for(
-        lambda: (s := backend.status("job1", 0, job_spec)).phase != AttemptPhase.running and s, what="end"
+        "end", lambda: (s := backend.status("job1", 0, job_spec)).phase != AttemptPhase.running and s, interval=0.2
     )
     assert isinstance(status, AttemptStatus) and status.phase == AttemptPhase.succeeded
     token_in_log = "ftp_job_secret" in backend.attempt_dir("job1", 0).log_text()
@@ -73,21 +62,21 @@ def test_success_and_idempotent_launch(backend: LocalBackend) -> None:
 def test_crash_is_restarted_in_job_then_budget_ends_it(backend: LocalBackend) -> None:
     job_spec = spec()
     launch(backend, job_spec)
-    pids = wait_for(lambda: backend.rank_pids("job1", 0, 1), what="rank 1 process")
+    pids = wait_for("rank 1 process", lambda: backend.rank_pids("job1", 0, 1), interval=0.2)
     assert isinstance(pids, list) and len(pids) == 1
     backend.inject_fault("job1", 0, job_spec, FaultRequest(id="f1", kind="crash", rank=1))
     status = wait_for(
-        lambda: (s := backend.status("job1", 0, job_spec)).in_job_restarts == 1 and s, what="in-job restart"
+        "in-job restart", lambda: (s := backend.status("job1", 0, job_spec)).in_job_restarts == 1 and s, interval=0.2
     )
     assert isinstance(status, AttemptStatus)
     assert status.phase == AttemptPhase.running
     failed = [e for e in status.events if e.type == "rank_failed"]
     assert failed and failed[0].rank == 1 and failed[0].details["cause"] == "killed by SIGKILL"
-    new_pids = wait_for(lambda: backend.rank_pids("job1", 0, 1), what="restarted rank 1")
+    new_pids = wait_for("restarted rank 1", lambda: backend.rank_pids("job1", 0, 1), interval=0.2)
     assert new_pids != pids
     backend.inject_fault("job1", 0, job_spec, FaultRequest(id="f2", kind="crash", rank=0))
     ended = wait_for(
-        lambda: (s := backend.status("job1", 0, job_spec)).phase == AttemptPhase.failed and s, what="failure"
+        "failure", lambda: (s := backend.status("job1", 0, job_spec)).phase == AttemptPhase.failed and s, interval=0.2
     )
     assert isinstance(ended, AttemptStatus)
     assert "in-job restart budget (1) spent" in (ended.cause or "")
@@ -96,13 +85,13 @@ def test_crash_is_restarted_in_job_then_budget_ends_it(backend: LocalBackend) ->
 def test_restarted_worker_readopts_and_cancel_ends_the_tree(backend: LocalBackend, tmp_path: Path) -> None:
     job_spec = spec()
     launch(backend, job_spec)
-    wait_for(lambda: backend.rank_pids("job1", 0, 0) and backend.rank_pids("job1", 0, 1), what="ranks")
+    wait_for("ranks", lambda: backend.rank_pids("job1", 0, 0) and backend.rank_pids("job1", 0, 1), interval=0.2)
     tree = [*backend.rank_pids("job1", 0, 0), *backend.rank_pids("job1", 0, 1)]
     readopted = LocalBackend(runs_dir=tmp_path / "runs")  # a new worker process, same state on disk
     assert readopted.status("job1", 0, job_spec).phase == AttemptPhase.running
     readopted.inject_fault("job1", 0, job_spec, FaultRequest(id="h", kind="hang", rank=1))  # SIGSTOP
     readopted.cancel("job1", 0, job_spec)
-    wait_for(lambda: all(process_start_time(p) is None for p in tree), timeout=30, what="tree to end")
+    wait_for("tree to end", lambda: all(process_start_time(p) is None for p in tree), timeout=30, interval=0.2)
     assert readopted.status("job1", 0, job_spec).phase == AttemptPhase.failed
     readopted.cancel("job1", 0, job_spec)  # idempotent
 
