@@ -5,7 +5,12 @@ The standard body, stored with the delivery when the event is stored, so every r
 
     {"type": "injob_restart", "timestamp": "<event time>",
      "data": {"event": {id, type, ts, attempt, rank, node, step, details},
-              "job": {id, name, status, attempt, labels, url}}}
+              "job": {id, name, status, attempt, labels, url},
+              "affected": {"events", "ranks", "nodes", "truncated"}}}   # PER_RANK_TYPES only
+
+A failure that is stored once per rank (`PER_RANK_TYPES`: a job-wide hang is one
+`hang_detected` per silent rank) is announced once per batch of such events stored together:
+`affected` counts them and lists their ranks and nodes (at most `AFFECTED_LISTED` of each).
 
 Headers: `webhook-id` (stable across retries), `webhook-timestamp` (this attempt, Unix
 seconds) and `webhook-signature` (`v1,<base64 HMAC-SHA256>`), made with the `standardwebhooks`
@@ -38,6 +43,9 @@ DEFAULT_EVENT_TYPES: tuple[EventType, ...] = (
     EventType.failed,
     EventType.cancelled,
 )
+
+PER_RANK_TYPES = frozenset({EventType.hang_detected.value})
+AFFECTED_LISTED = 64
 
 _TITLES = {
     EventType.inprocess_restart: (":repeat:", "in-process restart"),
@@ -73,8 +81,11 @@ def job_summary(job: Job, public_url: str | None = None) -> dict[str, Any]:
     return summary
 
 
-def standard_payload(job: Job, event: Event, public_url: str | None = None) -> dict[str, Any]:
-    return {
+def standard_payload(
+    job: Job, event: Event, public_url: str | None = None, together: list[Event] | None = None
+) -> dict[str, Any]:
+    """The body announcing `event`; `together`: the per-rank events it announces with it (itself included)."""
+    payload: dict[str, Any] = {
         "type": event.type,
         "timestamp": _iso(event.ts),
         "data": {
@@ -90,6 +101,20 @@ def standard_payload(job: Job, event: Event, public_url: str | None = None) -> d
             },
             "job": job_summary(job, public_url),
         },
+    }
+    if event.type in PER_RANK_TYPES:
+        payload["data"]["affected"] = _affected(together or [event])
+    return payload
+
+
+def _affected(events: list[Event]) -> dict[str, Any]:
+    ranks = sorted({e.rank for e in events if e.rank is not None})
+    nodes = sorted({e.node for e in events if e.node})
+    return {
+        "events": len(events),
+        "ranks": ranks[:AFFECTED_LISTED],
+        "nodes": nodes[:AFFECTED_LISTED],
+        "truncated": len(ranks) > AFFECTED_LISTED or len(nodes) > AFFECTED_LISTED,
     }
 
 
@@ -114,6 +139,13 @@ def slack_payload(payload: dict[str, Any]) -> dict[str, Any]:
     for key in ("rank", "node", "step"):
         if event.get(key) is not None:
             facts.append(f"{key} {_slack_escape(str(event[key]))}")
+    affected = payload["data"].get("affected") or {}
+    if affected.get("events", 1) > 1:
+        also = f"{affected['events']} ranks"
+        if affected.get("nodes"):
+            also += f" on {len(affected['nodes'])}{'+' if affected.get('truncated') else ''} node(s)"
+        headline += f" ({also})"
+        facts.append(also)
     linked = f"<{job['url']}|{name}>" if job.get("url") else name
     section = f"*{linked}*: {title}"
     if cause:

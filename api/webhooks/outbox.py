@@ -1,5 +1,9 @@
 """The webhook outbox: one delivery row per (subscription, event), and its state machine.
 
+Events one failure stores once per rank (a job-wide hang: one `hang_detected` per silent rank)
+are announced once per batch stored together: the first event's delivery carries the others
+as `data.affected` (see messages.py), and the rest get no delivery of their own.
+
 A row is written in the same transaction as the event it announces (so an event is never
 stored without its deliveries, nor a delivery without its event), then the delivery task is
 enqueued after commit. A delivery is
@@ -30,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from api.database.tables import Event, Job, WebhookDelivery, WebhookSubscription
 from api.webhooks import subscriptions
-from api.webhooks.messages import standard_payload
+from api.webhooks.messages import PER_RANK_TYPES, standard_payload
 from api.webhooks.schemas import DeliveryOut
 from api.webhooks.targets import PostResult
 
@@ -90,14 +94,30 @@ def record(session: Session, job: Job, events: list[Event], public_url: str | No
             attempts=0,
             next_try_at=now,
             created_at=now,
-            payload=standard_payload(job, event, public_url),
+            payload=standard_payload(job, event, public_url, together),
         )
-        for event in events
+        for event, together in announcements(events)
         for sub in subs
         if subscriptions.matches(sub, job, event)
     ]
     session.add_all(rows)
     return [r.id for r in rows]
+
+
+def announcements(events: list[Event]) -> list[tuple[Event, list[Event]]]:
+    """(event to announce, the events it stands for): one per event, except that the per-rank events
+    of one type and attempt stored together are announced by their first."""
+    grouped: dict[tuple[str, int], list[Event]] = {}
+    announced: list[tuple[Event, list[Event]]] = []
+    for event in events:
+        if event.type not in PER_RANK_TYPES:
+            announced.append((event, [event]))
+            continue
+        group = grouped.setdefault((event.type, event.attempt), [])
+        if not group:
+            announced.append((event, group))
+        group.append(event)
+    return announced
 
 
 def enqueue(delivery_id: str, countdown: float | None = None) -> bool:
