@@ -24,6 +24,7 @@ worker process on the host.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import re
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -46,6 +47,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, or_, select
 
+from api.core.config import get_settings
+from api.core.errors import ApiError
 from api.database.tables import Event, Job, WebhookDelivery
 from api.schemas.events import RESTART_TYPES, EventType, utcnow
 from api.services import goodput_view
@@ -224,6 +227,17 @@ router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics_endpoint() -> Response:
-    """Prometheus text exposition (unauthenticated, like most exporters; restrict it at the network)."""
+def metrics_endpoint(request: Request) -> Response:
+    """Prometheus text exposition; behind a bearer token when FTPLANE_METRICS_TOKEN is set (the figures
+    name jobs), else open, like most exporters (restrict it at the network)."""
+    expected = get_settings().metrics_token
+    if expected is not None:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {expected.get_secret_value()}".encode()):
+            raise ApiError(
+                401,
+                "/metrics needs 'Authorization: Bearer <FTPLANE_METRICS_TOKEN>'",
+                field="Authorization",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
     return Response(scrape(), media_type=CONTENT_TYPE_LATEST)

@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +43,11 @@ class Settings(BaseSettings):
         description="Requests/s per token on each ingest endpoint (events, heartbeats); 0 turns limits off.",
     )
     ingest_burst: int = Field(default=65536, ge=1, description="Requests a token may send at once per ingest endpoint.")
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="When set, /metrics asks for `Authorization: Bearer <it>` (Prometheus: `authorization: "
+        "{credentials_file: ...}`); unset, /metrics is open, like most exporters.",
+    )
 
     @property
     def resolved_database_url(self) -> str:

@@ -217,3 +217,24 @@ def test_grafana_dashboard_uses_only_metrics_that_exist(admin: TestClient) -> No
         "ftplane_job_goodput_ratio",
     ):
         assert wanted in used, wanted
+
+
+def test_metrics_token_guards_the_scrape_when_set(
+    monkeypatch: pytest.MonkeyPatch, client: TestClient, make_job: Callable[..., dict[str, Any]]
+) -> None:
+    from api.core.config import get_settings
+
+    make_job(name="secret-project")
+    monkeypatch.setenv("FTPLANE_METRICS_TOKEN", "scrape-me-7f3a")
+    get_settings.cache_clear()
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "scrape-me-7f3a"}):
+        refused = client.get("/metrics", headers={"Authorization": "", **headers})
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        assert "FTPLANE_METRICS_TOKEN" in refused.json()["error"]["message"]
+        assert "scrape-me-7f3a" not in refused.text and "secret-project" not in refused.text
+    assert client.get("/metrics").status_code == 401  # the client's admin token is not the scrape credential
+    allowed = client.get("/metrics", headers={"Authorization": "Bearer scrape-me-7f3a"})
+    assert allowed.status_code == 200 and "ftplane_jobs" in allowed.text
+    monkeypatch.delenv("FTPLANE_METRICS_TOKEN")
+    get_settings.cache_clear()
+    assert client.get("/metrics", headers={"Authorization": ""}).status_code == 200
