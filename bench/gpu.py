@@ -187,7 +187,7 @@ def section_blocking(out: Path, saves: int, dcp_saves: int, engines_wanted: list
             t0 = time.perf_counter()
             ckpt.warm_up(model, optimizer)  # a no-op but for the NVRx writer
             warm_stall = time.perf_counter() - t0
-            ckpt.wait()  # the reservation runs in the background; let it finish before the first save
+            ckpt.wait()  # the warm-up runs in the background; let it finish before the first save
             if label == "nvrx_async":
                 warm_s = time.perf_counter() - t0
                 log(out, f"{label} warm-up: stalled {warm_stall:.3f} s, done in the background in {warm_s:.1f} s")
