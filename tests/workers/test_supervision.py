@@ -259,7 +259,7 @@ def test_ranks_restarting_after_a_failure_get_the_initial_timeout(
             row = session.get(RankLiveness, (job["id"], rank))
             assert row is not None
             row.last_seen = now - timedelta(seconds=20)  # silent for 4× the timeout...
-    failure = {"key": "f", "type": "rank_failed", "rank": 1, "ts": (now - timedelta(seconds=15)).isoformat()}
+    failure = {"key": "f", "type": "rank_failed", "rank": 1, "ts": (now - timedelta(seconds=18)).isoformat()}
     admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [failure]})  # ...because they are restarting
     supervise(job["id"])
     body = admin.get(f"/v1/jobs/{job['id']}").json()
@@ -279,6 +279,39 @@ def test_ranks_restarting_after_a_failure_get_the_initial_timeout(
     supervise(job["id"])
     hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
     assert hangs and "after a restart began" in hangs[0]["details"]["cause"]
+
+
+def test_a_rank_the_launcher_restarted_for_a_hang_is_recorded_hung_but_not_escalated(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """The launcher shares the timeout: it may kill a hung rank (reported as a failure) before a pass sees the
+    rank overdue. A rank already silent for the timeout when the restart began was hung."""
+    from api.core.db import session_scope
+    from api.database.tables import RankLiveness
+    from api.schemas.events import utcnow
+
+    job = make_job(resiliency={"heartbeat_timeout_s": 20, "initial_heartbeat_timeout_s": 120, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    now = utcnow()
+    admin.post(
+        f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 0, "step": 41}, {"rank": 1, "step": 41}]}
+    )
+    with session_scope() as session:
+        for rank, silent_s in ((0, 21.0), (1, 0.5)):  # rank 0 hung; rank 1 waited on it in a collective
+            row = session.get(RankLiveness, (job["id"], rank))
+            assert row is not None
+            row.last_seen = now - timedelta(seconds=silent_s)
+    # 20.4 s after rank 0's last beat the launcher's timeout fired and rank 1's collective failed
+    killed = {"key": "k", "type": "rank_failed", "rank": 1, "ts": (now - timedelta(seconds=0.6)).isoformat()}
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [killed]})
+    supervise(job["id"])
+    supervise(job["id"])  # recorded once
+    hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
+    assert [(h["rank"], h["step"]) for h in hangs] == [(0, 41)]
+    assert "when a restart began: the launcher is recovering it" in hangs[0]["details"]["cause"]
+    assert hangs[0]["details"]["silent_s"] >= 21
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 0 and body["status"] != "FAILED"  # not escalated: the launcher has it
 
 
 def test_a_fault_whose_inject_task_was_lost_is_delivered_once_by_supervision(

@@ -7,6 +7,11 @@ supervisor escalates to a job-level restart.
 A rank that has not beaten since a failure or restart was reported is not hung but
 restarting: like ft_launcher after it restarts workers, it gets the initial timeout,
 counted from that report (processes must start, import, load a checkpoint).
+
+Unless it was already silent for the timeout when that report came: the launcher
+shares the timeout and may restart a hung rank (the report) before a pass of this
+supervisor sees it overdue. Such a rank hung; its hang is recorded (once, like any
+other) but not escalated: the launcher is recovering it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from api.services import reporting
 
 # Reports after which ranks are expected to go quiet for a while: they are being restarted.
 RESTART_MARKERS = (EventType.rank_failed, EventType.inprocess_restart, EventType.injob_restart)
+# The launcher acts on the timeout counted from the same heartbeat, on another clock: a rank silent for the
+# timeout less this when a restart began was hung.
+HUNG_BEFORE_RESTART_TOLERANCE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,16 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
         return Silence(cause, escalate=waited > 2 * initial)
     restarting_since = event_store.latest_ts(session, job.id, job.attempt, RESTART_MARKERS)
 
+    def restarting(rank: RankLiveness) -> bool:
+        return restarting_since is not None and restarting_since > rank.last_seen
+
+    def hung_before_restart(rank: RankLiveness) -> bool:
+        assert restarting_since is not None
+        return (restarting_since - rank.last_seen).total_seconds() >= timeout - HUNG_BEFORE_RESTART_TOLERANCE_S
+
     def deadline(rank: RankLiveness) -> datetime:
-        if restarting_since is not None and restarting_since > rank.last_seen:
+        if restarting(rank):
+            assert restarting_since is not None
             return restarting_since + timedelta(seconds=spec.resiliency.initial_heartbeat_timeout_s)
         return rank.last_seen + timedelta(seconds=timeout)
 
@@ -58,27 +74,39 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     shortest = min(timeout, spec.resiliency.initial_heartbeat_timeout_s)
     quiet_ranks = liveness.stale_ranks(session, job.id, job.attempt, now - timedelta(seconds=shortest))
     silent = [r for r in quiet_ranks if deadline(r) < now]
-    if not silent:
+    hung_then_restarted = [r for r in quiet_ranks if deadline(r) >= now and restarting(r) and hung_before_restart(r)]
+    if not silent and not hung_then_restarted:
         return None
     recorded = event_store.keys_of_type(session, job.id, job.attempt, EventType.hang_detected.value)
     events = []
     worst = 0.0
     overdue = 0.0
-    for rank in silent:
+    for rank in silent + hung_then_restarted:
         quiet = (now - rank.last_seen).total_seconds()
-        worst = max(worst, quiet)
-        overdue = max(overdue, (now - deadline(rank)).total_seconds())
         cause = f"no heartbeat for {quiet:.1f} s (timeout {timeout:g} s) at step {rank.step}"
-        if restarting_since is not None and restarting_since > rank.last_seen:
+        if rank in hung_then_restarted:
+            assert restarting_since is not None
+            before = (restarting_since - rank.last_seen).total_seconds()
+            cause = (
+                f"no heartbeat for {before:.1f} s (timeout {timeout:g} s) at step {rank.step} when a restart "
+                "began: the launcher is recovering it"
+            )
+        elif restarting(rank):
+            assert restarting_since is not None
             initial = spec.resiliency.initial_heartbeat_timeout_s
             cause = (
                 f"no heartbeat {(now - restarting_since).total_seconds():.1f} s after a restart began "
                 f"(initial timeout {initial:g} s); last step {rank.step}"
             )
+        if rank in silent:
+            worst = max(worst, quiet)
+            overdue = max(overdue, (now - deadline(rank)).total_seconds())
         key = f"hang:a{job.attempt}:r{rank.rank}:t{int(rank.last_seen.timestamp() * 1000)}"
         if key not in recorded:
             events.append(_event(job, rank.rank, rank.step, key, cause, rank.node, silent_s=round(quiet, 3)))
     reporting.record_events(session, job, events)
+    if not silent:
+        return None
     summary = f"{len(silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
     return Silence(summary, escalate=overdue > timeout)
 
