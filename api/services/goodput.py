@@ -56,12 +56,7 @@ Step time
     (save start, checkpoint step), (onset, step of the fault or silence). Over all runs: the sum of
     each run's time to its furthest point over the sum of its steps.
 
-Advice (Young/Daly, first order)
-    C = median blocking_s of the saves; M = wall / failures, once MIN_FAILURES are seen;
-    R = (fault_detection + restart) / failures. tau* = sqrt(2CM) training seconds between saves
-    (tau*/step_time steps). For an interval tau the lost fraction is C/tau + tau/(2M) + R/M and
-    the predicted ETTR is 1 minus that. The job's current interval is spec.checkpoint.interval_steps
-    x step_time.
+Advice: api/services/checkpoint_advice.py.
 """
 
 from __future__ import annotations
@@ -69,7 +64,6 @@ from __future__ import annotations
 import bisect
 import math
 import re
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,15 +77,13 @@ from api.database.tables import Event, Job
 from api.schemas.events import EventType, utcnow
 from api.schemas.goodput import (
     LOST_BUCKETS,
-    Advice,
     AttemptGoodput,
     Breakdown,
     GoodputOut,
-    IntervalPrediction,
 )
 from api.services import lifecycle
+from api.services.checkpoint_advice import advise
 
-MIN_FAILURES = 2
 PRODUCTIVE = "productive"
 TERMINAL_TYPES = frozenset({EventType.succeeded, EventType.failed, EventType.cancelled})
 SILENCE_TYPES = frozenset({EventType.hang_detected, EventType.heartbeat_lost})
@@ -337,7 +329,7 @@ def account(
         for i, a in enumerate(attempt_ids)
     ]
     overall = _breakdown(wall, total)
-    advice = _advice(
+    advice = advise(
         [s.blocking for s in saves],
         wall=wall,
         failures=len(failed),
@@ -550,10 +542,6 @@ def _subtract(lo: float, hi: float, spans: Sequence[tuple[float, float]]) -> lis
     return out
 
 
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
 def _breakdown(wall: float, seconds: Mapping[str, float]) -> Breakdown:
     productive = seconds.get(PRODUCTIVE, 0.0)
     return Breakdown(
@@ -561,70 +549,4 @@ def _breakdown(wall: float, seconds: Mapping[str, float]) -> Breakdown:
         productive_s=productive,
         lost_s={name: seconds.get(name, 0.0) for name in LOST_BUCKETS},
         ettr=min(1.0, productive / wall) if wall > 0 else None,
-    )
-
-
-# ---- advice --------------------------------------------------------------------------------------
-
-
-def _advice(
-    blocking: Sequence[float],
-    *,
-    wall: float,
-    failures: int,
-    recovery_s: float,
-    step_time: float | None,
-    interval_steps: int | None,
-) -> Advice:
-    c = statistics.median(blocking) if blocking else None
-    m = wall / failures if failures >= MIN_FAILURES and wall > 0 else None
-    r = recovery_s / failures if failures else None
-    notes = []
-    if c is None:
-        notes.append("no checkpoint saved yet: C unknown")
-    if m is None:
-        notes.append(f"not enough failures yet ({failures} seen, {MIN_FAILURES} needed to estimate M)")
-    if step_time is None:
-        notes.append("step time unknown (no progress measured yet)")
-
-    def predict(tau: float) -> IntervalPrediction:
-        steps = tau / step_time if step_time else None
-        if c is None or m is None or r is None or tau <= 0:
-            return IntervalPrediction(
-                interval_s=round(tau, 3), interval_steps=_round(steps, 1), lost_fraction=None, predicted_ettr=None
-            )
-        lost = {"checkpoint": c / tau, "recompute": tau / (2 * m), "restart": r / m}
-        return IntervalPrediction(
-            interval_s=round(tau, 3),
-            interval_steps=_round(steps, 1),
-            lost_fraction={k: round(v, 6) for k, v in lost.items()},
-            predicted_ettr=round(max(0.0, 1.0 - sum(lost.values())), 6),
-        )
-
-    optimal = None
-    if c is not None and m is not None:
-        tau = math.sqrt(2 * c * m)
-        if step_time:
-            tau = max(tau, step_time)  # no interval shorter than one step
-        optimal = predict(tau) if tau > 0 else None
-        if c == 0:
-            notes.append("saves do not block training (C = 0): any interval costs nothing to checkpoint")
-    current = None
-    if interval_steps is None:
-        notes.append("checkpointing is off in the job's spec")
-    elif step_time:
-        current = predict(interval_steps * step_time)
-    if not notes:
-        notes.append("first-order Young/Daly: valid while the interval is much shorter than M")
-    return Advice(
-        checkpoint_blocking_s=_round(c, 6),
-        checkpoints=len(blocking),
-        failures=failures,
-        min_failures=MIN_FAILURES,
-        mtbf_s=_round(m),
-        restart_cost_s=_round(r),
-        step_time_s=_round(step_time, 6),
-        optimal=optimal,
-        current=current,
-        note="; ".join(notes),
     )

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.schemas.goodput import LOST_BUCKETS, GoodputOut
-from api.services.goodput import MIN_FAILURES, Record, account
+from api.services.checkpoint_advice import MIN_FAILURES
+from api.services.goodput import Record, account
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
