@@ -137,6 +137,17 @@ def test_in_job_restart_with_recompute() -> None:
     assert g.step_time_s == pytest.approx(0.2)
 
 
+# The hang scenario's lost seconds per bucket (test_hang_detected_by_silence; the API test replays it).
+HANG_SCENARIO_LOST = {
+    "initialization": 10,
+    "checkpoint_stall": 2,
+    "fault_detection": 30,
+    "restart": 9,
+    "recompute": 10,
+    "shutdown": 3,
+}
+
+
 def test_hang_detected_by_silence() -> None:
     """Training from 10; save at step 100 (30..31); rank 0 hangs at 41 at step 150 (injected); the control
     plane sees it at 71 after 30 s of silence (onset 71 - 30 = 41); the launcher restarts the workers
@@ -162,14 +173,7 @@ def test_hang_detected_by_silence() -> None:
         ]
     )
     assert_partition(g)
-    assert lost(g) == {
-        "initialization": 10,
-        "checkpoint_stall": 2,
-        "fault_detection": 30,
-        "restart": 9,
-        "recompute": 10,
-        "shutdown": 3,
-    }
+    assert lost(g) == HANG_SCENARIO_LOST
     assert g.productive_s == pytest.approx(40)
     assert g.failures == 1
 

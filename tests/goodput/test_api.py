@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.goodput.test_accounting import HANG_SCENARIO_LOST
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -197,14 +199,5 @@ def test_a_job_wide_hang_is_read_per_detection_pass(admin: TestClient, make_job:
     ]
     assert admin.post(f"/v1/jobs/{job['id']}/events", json={"events": history}).status_code == 200
     body = admin.get(f"/v1/jobs/{job['id']}/goodput").json()
-    assert body["lost_s"] == pytest.approx(
-        {
-            "initialization": 10,
-            "checkpoint_stall": 2,
-            "fault_detection": 30,
-            "restart": 9,
-            "recompute": 10,
-            "shutdown": 3,
-        }
-    )
+    assert body["lost_s"] == pytest.approx(HANG_SCENARIO_LOST)
     assert body["productive_s"] == pytest.approx(40) and body["failures"] == 1
