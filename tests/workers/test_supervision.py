@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -64,6 +64,18 @@ def supervise(job_id: str, **kwargs: Any) -> None:
 
     with session_scope() as session:
         supervise_job(session, job_id, **kwargs)
+
+
+def last_seen(job_id: str, silent_s: dict[int, float], now: datetime) -> None:
+    """Date each rank's last heartbeat `silent_s[rank]` seconds before `now`."""
+    from api.core.db import session_scope
+    from api.database.tables import RankLiveness
+
+    with session_scope() as session:
+        for rank, seconds in silent_s.items():
+            row = session.get(RankLiveness, (job_id, rank))
+            assert row is not None
+            row.last_seen = now - timedelta(seconds=seconds)
 
 
 def types(admin: TestClient, job_id: str) -> list[str]:
@@ -198,8 +210,6 @@ def test_progress_between_failures_keeps_restarting(admin: TestClient, make_job:
 def test_silent_rank_is_a_hang_and_a_long_one_escalates(
     admin: TestClient, make_job: Any, backend: ScriptedBackend
 ) -> None:
-    from api.core.db import session_scope
-    from api.database.tables import RankLiveness
     from api.schemas.events import utcnow
 
     job = make_job(resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
@@ -213,20 +223,14 @@ def test_silent_rank_is_a_hang_and_a_long_one_escalates(
     supervise(job["id"])
     assert "hang_detected" not in types(admin, job["id"])
 
-    with session_scope() as session:
-        row = session.get(RankLiveness, (job["id"], 1))
-        assert row is not None
-        row.last_seen = now - timedelta(seconds=12)
+    last_seen(job["id"], {1: 12}, now)
     supervise(job["id"])
     supervise(job["id"])  # the same silence is recorded once
     hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
     assert len(hangs) == 1 and hangs[0]["rank"] == 1 and "no heartbeat for" in hangs[0]["details"]["cause"]
     assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RECOVERING"
 
-    with session_scope() as session:
-        row = session.get(RankLiveness, (job["id"], 1))
-        assert row is not None
-        row.last_seen = now - timedelta(seconds=25)
+    last_seen(job["id"], {1: 25}, now)
     supervise(job["id"])
     body = admin.get(f"/v1/jobs/{job['id']}").json()
     assert body["attempt"] == 1 and "hang not recovered in-job" in body["status_reason"]
@@ -245,7 +249,6 @@ def test_ranks_restarting_after_a_failure_get_the_initial_timeout(
     admin: TestClient, make_job: Any, backend: ScriptedBackend
 ) -> None:
     from api.core.db import session_scope
-    from api.database.tables import RankLiveness
     from api.schemas.events import utcnow
 
     job = make_job(resiliency={"heartbeat_timeout_s": 5, "initial_heartbeat_timeout_s": 60, "max_job_restarts": 1})
@@ -254,22 +257,14 @@ def test_ranks_restarting_after_a_failure_get_the_initial_timeout(
     admin.post(
         f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 0, "step": 9}, {"rank": 1, "step": 9}]}
     )
-    with session_scope() as session:
-        for rank in (0, 1):
-            row = session.get(RankLiveness, (job["id"], rank))
-            assert row is not None
-            row.last_seen = now - timedelta(seconds=20)  # silent for 4× the timeout...
+    last_seen(job["id"], {0: 20, 1: 20}, now)  # silent for 4× the timeout...
     failure = {"key": "f", "type": "rank_failed", "rank": 1, "ts": (now - timedelta(seconds=18)).isoformat()}
     admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [failure]})  # ...because they are restarting
     supervise(job["id"])
     body = admin.get(f"/v1/jobs/{job['id']}").json()
     assert body["attempt"] == 0 and "hang_detected" not in types(admin, job["id"])
 
-    with session_scope() as session:
-        for rank in (0, 1):
-            row = session.get(RankLiveness, (job["id"], rank))
-            assert row is not None
-            row.last_seen = now - timedelta(seconds=100)
+    last_seen(job["id"], {0: 100, 1: 100}, now)
     with session_scope() as session:  # the restart began long ago and nothing has come back
         from sqlalchemy import update
 
@@ -286,8 +281,6 @@ def test_a_rank_the_launcher_restarted_for_a_hang_is_recorded_hung_but_not_escal
 ) -> None:
     """The launcher shares the timeout: it may kill a hung rank (reported as a failure) before a pass sees the
     rank overdue. A rank already silent for the timeout when the restart began was hung."""
-    from api.core.db import session_scope
-    from api.database.tables import RankLiveness
     from api.schemas.events import utcnow
 
     job = make_job(resiliency={"heartbeat_timeout_s": 20, "initial_heartbeat_timeout_s": 120, "max_job_restarts": 1})
@@ -296,11 +289,7 @@ def test_a_rank_the_launcher_restarted_for_a_hang_is_recorded_hung_but_not_escal
     admin.post(
         f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 0, "step": 41}, {"rank": 1, "step": 41}]}
     )
-    with session_scope() as session:
-        for rank, silent_s in ((0, 21.0), (1, 0.5)):  # rank 0 hung; rank 1 waited on it in a collective
-            row = session.get(RankLiveness, (job["id"], rank))
-            assert row is not None
-            row.last_seen = now - timedelta(seconds=silent_s)
+    last_seen(job["id"], {0: 21.0, 1: 0.5}, now)  # rank 0 hung; rank 1 waited on it in a collective
     # 20.4 s after rank 0's last beat the launcher's timeout fired and rank 1's collective failed
     killed = {"key": "k", "type": "rank_failed", "rank": 1, "ts": (now - timedelta(seconds=0.6)).isoformat()}
     admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [killed]})
