@@ -125,20 +125,13 @@ def control_plane(p: Params, workdir: Path, database_url: str | None, redis_url:
             extra["FTPLANE_PUBLIC_URL"] = api.url
             env = server_env(db, workdir / ".ftplane", **extra)
             logs = {part: (workdir / f"{part}.log").open("wb") for part in ("worker", "beat")}
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "serve", "--only", "worker"],
-                env=env,
-                cwd=ROOT,
-                stdout=logs["worker"],
-                stderr=subprocess.STDOUT,
-            )
-            beat = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "serve", "--only", "beat"],
-                env=env,
-                cwd=workdir,
-                stdout=logs["beat"],
-                stderr=subprocess.STDOUT,
-            )
+
+            def serve(part: str, cwd: Path) -> subprocess.Popen[bytes]:
+                command = [sys.executable, "-m", "api.cli", "serve", "--only", part]
+                return subprocess.Popen(command, env=env, cwd=cwd, stdout=logs[part], stderr=subprocess.STDOUT)
+
+            worker = serve("worker", ROOT)
+            beat = serve("beat", workdir)
             try:
                 yield ControlPlane(api.url, admin, make_url(db).database or "", api, worker, beat)
             finally:
