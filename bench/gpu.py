@@ -209,6 +209,7 @@ def section_blocking(out: Path, saves: int, dcp_saves: int, engines_wanted: list
                 "total_s": [d["total_s"] for d in saved],
                 "wall_blocked_s": [round(x, 4) for x in wall_blocked],
                 "bytes": [d["bytes"] for d in saved],
+                "stages_s": [d.get("blocking_stages_s") for d in saved],
             }
         except Exception as exc:  # noqa: BLE001
             import traceback

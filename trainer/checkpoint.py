@@ -258,13 +258,14 @@ class Checkpointer:
     def warm_up(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Once the optimizer has state (after the first step): have the NVRx writer set up, in the
         background, what its first save would otherwise set up while training waits (see
-        `nvrx.warm_up_writer_process`)."""
+        `NvrxAsyncSaver.warm_up`). Every rank calls this at the same step (it plans a save)."""
         if self._nvrx is None:
             return
         model_state, optim_state = get_state_dict(model, optimizer)
-        tensors = local_tensors({"model": model_state, "optim": optim_state}, self.device.type)
-        self._nvrx.warm_up(tensors)
+        state = {"model": model_state, "optim": optim_state}
+        self._nvrx.warm_up(state)
         if self.rank == 0:
+            tensors = local_tensors(state, self.device.type)
             log.info(
                 "async checkpoint writer: warming up on %d tensors, %.2f GB",
                 len(tensors),

@@ -30,7 +30,10 @@ Version notes (the trainer runs on nvidia-resiliency-ext 0.4.1 and 0.7.x):
   on a thread as soon as the saver exists.
 - `FileSystemWriterAsync(use_cached_data_structure=...)` (0.6-ish on) keeps the
   GPU tensors' IPC handles in the writer process between saves; it is passed only
-  where the writer takes it.
+  where the writer takes it. Receiving them is most of a save's blocking time the
+  first time, so `NvrxAsyncSaver.warm_up` has the writer receive them in the
+  background (it runs a planned save's preload step alone); where the writer has
+  no preload step, the warm-up only pins host memory.
 
 This module deliberately does not use `from __future__ import annotations`:
 the Wrapper finds the parameter that receives its `CallWrapper` by evaluating
@@ -42,6 +45,7 @@ import importlib.metadata
 import inspect
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -260,16 +264,10 @@ class RestartCauses:
 # --- 3. async checkpoints on CUDA -----------------------------------------------------------------
 
 
-_WRITER_PROCESS_STATE: list[torch.Tensor] = []
-
-
-def warm_up_writer_process(tensors: list[torch.Tensor]) -> None:
-    """Runs in NVRx's writer process, while training goes on. Two things the first save would otherwise
-    do while training waits: map the training state's GPU memory (CUDA IPC; the tensors are kept, so the
-    mappings stay open and later saves' tensors are found in torch's IPC cache), and pin host memory for
-    its device-to-host copy (one copy made and dropped: the caching host allocator keeps the blocks)."""
+def stage_and_discard(tensors: list[torch.Tensor]) -> None:
+    """Runs in NVRx's writer process (older NVRx without a preload step): stage the state to host once
+    and drop the copy, so the caching host allocator holds pinned blocks for the first real save."""
     try:
-        _WRITER_PROCESS_STATE[:] = tensors
         staged = [t.to("cpu", non_blocking=True) for t in tensors]
         torch.cuda.synchronize()
         del staged
@@ -307,28 +305,35 @@ class NvrxAsyncSaver:
         if "use_cached_data_structure" in takes:
             self._writer_options["use_cached_data_structure"] = True
 
-    def warm_up(self, tensors: list[torch.Tensor]) -> None:
-        """Start the writer process now and warm it up on the training state's GPU tensors, in the
-        background (a request of its own in the writer's queue; the next save waits for it if need be)."""
+    def warm_up(self, state_dict: dict[str, Any]) -> None:
+        """Do, in the background, what the first save would otherwise do while training waits: start the
+        writer process, map the state's GPU memory into it (CUDA IPC) and pin host memory for the copy.
+
+        A save is planned into a scratch directory (a collective, as every save) and only its preload
+        step is run, as a request of its own: NVRx's writer keeps the mapped tensors under the plan's
+        key (`use_cached_data_structure`), and the planning side remembers that it did, so the first
+        real save, of the same structure, sends no tensors and only copies. Nothing is written; the next
+        save waits for this request if it has not finished."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
-        self.queue.schedule_async_request(AsyncRequest(warm_up_writer_process, (tensors,), []))
+        from trainer.checkpoint import local_tensors  # checkpoint imports this module only lazily
 
-    def schedule(self, state_dict: dict[str, Any], path: str, on_finalized: Callable[[], None]) -> dict[str, float]:
-        """Plan and stage now (blocking part); the write runs in the background. `on_finalized`
-        runs on every rank once all ranks' writes are done and the metadata is written. Returns the
-        blocking part's stages in seconds: `plan` (DCP planning), `stage` (the writer's copy to host)."""
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+        with tempfile.TemporaryDirectory(prefix="ftplane-writer-warm-up-") as scratch:
+            _, _, preload_fn, _ = self._plan(state_dict, scratch)
+        if preload_fn is not None:
+            request = AsyncRequest(preload_fn, (), [])  # its result (the staged copy) is dropped
+        else:
+            request = AsyncRequest(stage_and_discard, (local_tensors(state_dict, "cuda"),), [])
+        self.queue.schedule_async_request(request)
+
+    def _plan(self, state_dict: dict[str, Any], path: str) -> tuple[Any, Callable, Callable | None, list]:
+        """DCP planning through NVRx's async writer: (planned, save_fn, preload_fn or None, save_args)."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (
-            save_state_dict_async_finalize,
-            save_state_dict_async_plan,
-        )
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_plan
         from torch.distributed.checkpoint import DefaultSavePlanner
 
-        started = time.monotonic()
         if self._results_queue_started is not None:
-            self._results_queue_started.join()  # a no-op unless this save comes seconds after the start
+            self._results_queue_started.join()  # a no-op unless this comes seconds after the start
         writer = FileSystemWriterAsync(path, **self._writer_options)
         planned = save_state_dict_async_plan(state_dict, writer, None, 0, planner=DefaultSavePlanner())
         parts = writer.get_save_function_and_args()
@@ -336,6 +341,17 @@ class NvrxAsyncSaver:
             save_fn, preload_fn, save_args = parts
         else:  # older NVRx: (save_fn, save_args)
             (save_fn, save_args), preload_fn = parts, None
+        return planned, save_fn, preload_fn, save_args
+
+    def schedule(self, state_dict: dict[str, Any], path: str, on_finalized: Callable[[], None]) -> dict[str, float]:
+        """Plan and stage now (blocking part); the write runs in the background. `on_finalized`
+        runs on every rank once all ranks' writes are done and the metadata is written. Returns the
+        blocking part's stages in seconds: `plan` (DCP planning), `stage` (the writer's copy to host)."""
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_finalize
+
+        started = time.monotonic()
+        planned, save_fn, preload_fn, save_args = self._plan(state_dict, path)
 
         def finalize() -> None:
             save_state_dict_async_finalize(*planned)
