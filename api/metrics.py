@@ -74,6 +74,8 @@ GOODPUT_RECENT = timedelta(hours=1)
 
 # Cause classes, first match wins; the raw cause text never becomes a label (unbounded cardinality).
 _CAUSE_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # A rank killed for silence is a hang, though the cause names the signal that ended it.
+    ("hang", re.compile(r"no heartbeat", re.I)),
     ("crash", re.compile(r"exit code|exit status|signal|\bsig[a-z]+\b|killed|\boom\b|out of memory", re.I)),
     ("node", re.compile(r"\bnode\b|evict|preempt", re.I)),
     ("hang", re.compile(r"heartbeat|hang|timeout|timed out|silent|stuck|no progress", re.I)),
@@ -83,7 +85,7 @@ _CAUSE_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 
 RUNG_LABELS = ("inprocess", "injob", "job")
-CAUSE_LABELS = (*(name for name, _ in _CAUSE_CLASSES), "other", "unknown")
+CAUSE_LABELS = (*dict.fromkeys(name for name, _ in _CAUSE_CLASSES), "other", "unknown")
 DELIVERY_OUTCOMES = ("delivered", "retrying", "failed")
 
 

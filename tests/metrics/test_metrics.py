@@ -50,6 +50,7 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
         ("pod evicted on node x: low memory", "node"),
         ("pod evicted: the node ran out of disk", "node"),
         ("no heartbeat for 31.2 s (timeout 30 s) at step 240", "hang"),
+        ("rank 0 killed by SIGKILL (ft_launcher: no heartbeat for 20 s)", "hang"),
         ("hang not recovered in-job: 1 rank(s) silent for up to 61 s", "hang"),
         ("rank 1: RuntimeError: injected exception", "exception"),
         ("launch failed: ApiException: forbidden", "exception"),

@@ -27,3 +27,22 @@ def test_failures_are_grouped_by_round_and_signals_are_the_root_cause() -> None:
 def test_a_clean_log_has_one_empty_round() -> None:
     assert parse_launcher_log("all good\n") == [[]]
     assert root_cause([]) is None
+
+
+HUNG_LOG = """\
+[2026-12-03 07:00:01,000] [WARNING] [RankMonServer4242@vm:1] Did not get subsequent heartbeat. Waited 8.00 seconds.
+[2026-12-03 07:00:01,001] [WARNING] [RankMonServer4242@vm:1] FT timeout elapsed.
+[ERROR] [ft_launcher1@vm] failed (exitcode: -15) local_rank: 0 (pid: 101) of binary: python
+[ERROR] [ft_launcher1@vm] failed (exitcode: -9) local_rank: 1 (pid: 102) of binary: python
+[INFO] [ft_launcher1@vm] [default] Worker group FAILED. 2/3 attempts left; will restart worker group
+[ERROR] [ft_launcher1@vm] failed (exitcode: -9) local_rank: 1 (pid: 202) of binary: python
+"""
+
+
+def test_a_rank_killed_for_no_heartbeat_is_the_root_cause_of_its_round_only() -> None:
+    rounds = parse_launcher_log(HUNG_LOG)
+    assert [[f.pid for f in r] for r in rounds] == [[101, 102], [202]]
+    # rank 0's SIGTERM came first in the log but was the group's teardown; rank 1 was silent
+    assert root_cause(rounds[0]) == "rank 1 killed by SIGKILL (ft_launcher: no heartbeat for 8 s)"
+    assert rounds[0][0].silent_s is None
+    assert root_cause(rounds[1]) == "rank 1 killed by SIGKILL"  # the next round's kill had no timeout before it

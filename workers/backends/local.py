@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from api.core.config import get_settings
@@ -39,6 +39,11 @@ from workers.backends.base import (
 
 RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 FINAL_FAILURE = re.compile(r"ProcessFailure\(local_rank=(\d+), pid=(\d+), exitcode=(-?\d+)")
+# A rank monitor's log line when ft_launcher is about to kill its rank for silence; the monitor names the
+# rank it serves (on one host, the local backend's only kind, the global rank is the local rank).
+HEARTBEAT_TIMEOUT = re.compile(
+    r"\[RankMonServer\d+@[^\]:]*:(\d+)\] Did not get (?:initial|subsequent) heartbeat\. Waited ([\d.]+) seconds"
+)
 GROUP_RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
 LOG_TAIL_BYTES = 64 * 1024
 TERMINATE_GRACE_S = 10.0
@@ -64,9 +69,12 @@ class RankExit:
     local_rank: int
     pid: int
     exit_code: int
+    silent_s: float | None = None  # set when ft_launcher killed the rank for no heartbeat in this long
 
     @property
     def cause(self) -> str:
+        if self.silent_s is not None:
+            return f"{describe_exit(self.exit_code)} (ft_launcher: no heartbeat for {self.silent_s:g} s)"
         return describe_exit(self.exit_code)
 
 
@@ -76,20 +84,27 @@ def parse_launcher_log(log: str) -> list[list[RankExit]]:
     rounds: list[list[RankExit]] = [[] for _ in range(len(boundaries) + 1)]
     found = [(m.start(), RankExit(int(m[2]), int(m[3]), int(m[1]))) for m in RANK_EXIT.finditer(log)]
     found += [(m.start(), RankExit(int(m[1]), int(m[2]), int(m[3]))) for m in FINAL_FAILURE.finditer(log)]
+    silent: dict[tuple[int, int], float] = {}  # (round, rank) -> the heartbeat timeout that elapsed
+    for m in HEARTBEAT_TIMEOUT.finditer(log):
+        silent.setdefault((bisect.bisect_left(boundaries, m.start()), int(m[1])), float(m[2]))
     seen: set[int] = set()
     for position, failure in sorted(found, key=lambda item: item[0]):
         if failure.pid not in seen:
             seen.add(failure.pid)
-            rounds[bisect.bisect_left(boundaries, position)].append(failure)
+            round_ = bisect.bisect_left(boundaries, position)
+            timeout = silent.get((round_, failure.local_rank)) if failure.exit_code < 0 else None
+            rounds[round_].append(replace(failure, silent_s=timeout) if timeout is not None else failure)
     return rounds
 
 
 def root_cause(failures: list[RankExit]) -> str | None:
-    """A rank killed by a signal is the root cause; ranks that then exit 1 on a broken collective are collateral."""
+    """A rank killed for silence, else one killed by a signal, is the root cause; ranks that then exit 1 on a
+    broken collective, or are killed as the worker group is torn down, are collateral."""
     if not failures:
         return None
+    silent = [f for f in failures if f.silent_s is not None]
     signalled = [f for f in failures if f.exit_code < 0]
-    first = (signalled or failures)[0]
+    first = (silent or signalled or failures)[0]
     return f"rank {first.local_rank} {first.cause}"
 
 
