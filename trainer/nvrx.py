@@ -19,9 +19,6 @@ Version notes (the trainer runs on nvidia-resiliency-ext 0.4.1 and 0.7.x):
   `restart_health_check` with its own checks (guarded by `hasattr`).
 - The Wrapper's store is given an explicit host and port (MASTER_PORT + 1),
   never MASTER_ADDR, which ft_launcher sets to a local name.
-- `FileSystemWriterAsync.get_save_function_and_args` returns (save, args) in
-  older releases and (save, preload, args) in newer; `AsyncRequest` gained
-  `preload_fn` at the same time. Both shapes are handled.
 - The async writer needs CUDA (it synchronizes the device and all-reduces CUDA
   tensors while finalizing); on CPU the async engine is `dcp.async_save`.
 - The writer's results travel through one multiprocessing Manager queue per
@@ -32,8 +29,7 @@ Version notes (the trainer runs on nvidia-resiliency-ext 0.4.1 and 0.7.x):
   GPU tensors' IPC handles in the writer process between saves; it is passed only
   where the writer takes it. Receiving them is most of a save's blocking time the
   first time, so `NvrxAsyncSaver.warm_up` has the writer receive them in the
-  background (it runs a planned save's preload step alone); where the writer has
-  no preload step, the warm-up only pins host memory.
+  background (it runs a planned save's preload step alone).
 
 This module deliberately does not use `from __future__ import annotations`:
 the Wrapper finds the parameter that receives its `CallWrapper` by evaluating
@@ -264,17 +260,6 @@ class RestartCauses:
 # --- 3. async checkpoints on CUDA -----------------------------------------------------------------
 
 
-def stage_and_discard(tensors: list[torch.Tensor]) -> None:
-    """Runs in NVRx's writer process (older NVRx without a preload step): stage the state to host once
-    and drop the copy, so the caching host allocator holds pinned blocks for the first real save."""
-    try:
-        staged = [t.to("cpu", non_blocking=True) for t in tensors]
-        torch.cuda.synchronize()
-        del staged
-    except Exception as exc:  # a warm-up must never take the writer down
-        log.warning("warming up the async checkpoint writer failed: %s", exc)
-
-
 def _start_results_queue() -> threading.Thread | None:
     """Make NVRx's per-process results queue (a Manager process) on a thread of its own."""
     from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
@@ -316,18 +301,14 @@ class NvrxAsyncSaver:
         save waits for this request if it has not finished."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
-        from trainer.checkpoint import local_tensors  # checkpoint imports this module only lazily
-
         with tempfile.TemporaryDirectory(prefix="ftplane-writer-warm-up-") as scratch:
             _, _, preload_fn, _ = self._plan(state_dict, scratch)
-        if preload_fn is not None:
-            request = AsyncRequest(preload_fn, (), [])  # its result (the staged copy) is dropped
-        else:
-            request = AsyncRequest(stage_and_discard, (local_tensors(state_dict, "cuda"),), [])
-        self.queue.schedule_async_request(request)
+        if preload_fn is not None:  # None: nothing to write on this rank
+            self.queue.schedule_async_request(AsyncRequest(preload_fn, (), []))  # the staged copy is dropped
 
-    def _plan(self, state_dict: dict[str, Any], path: str) -> tuple[Any, Callable, Callable | None, list]:
-        """DCP planning through NVRx's async writer: (planned, save_fn, preload_fn or None, save_args)."""
+    def _plan(self, state_dict: dict[str, Any], path: str) -> tuple[Any, Callable | None, Callable | None, Any]:
+        """DCP planning through NVRx's async writer: (planned, save_fn, preload_fn, save_args); the functions
+        are None where this rank has nothing to write."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
         from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_plan
         from torch.distributed.checkpoint import DefaultSavePlanner
@@ -336,11 +317,7 @@ class NvrxAsyncSaver:
             self._results_queue_started.join()  # a no-op unless this comes seconds after the start
         writer = FileSystemWriterAsync(path, **self._writer_options)
         planned = save_state_dict_async_plan(state_dict, writer, None, 0, planner=DefaultSavePlanner())
-        parts = writer.get_save_function_and_args()
-        if len(parts) == 3:
-            save_fn, preload_fn, save_args = parts
-        else:  # older NVRx: (save_fn, save_args)
-            (save_fn, save_args), preload_fn = parts, None
+        save_fn, preload_fn, save_args = writer.get_save_function_and_args()
         return planned, save_fn, preload_fn, save_args
 
     def schedule(self, state_dict: dict[str, Any], path: str, on_finalized: Callable[[], None]) -> dict[str, float]:
@@ -357,9 +334,8 @@ class NvrxAsyncSaver:
             save_state_dict_async_finalize(*planned)
             on_finalized()
 
-        extra = {"preload_fn": preload_fn} if preload_fn is not None and "preload_fn" in AsyncRequest._fields else {}
         planned_at = time.monotonic()
-        self.queue.schedule_async_request(AsyncRequest(save_fn, save_args, [finalize], **extra))
+        self.queue.schedule_async_request(AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn))
         return {"plan": planned_at - started, "stage": time.monotonic() - planned_at}
 
     def poll(self, blocking: bool = False) -> None:

@@ -93,7 +93,7 @@ def parse_launcher_log(log: str) -> list[list[RankExit]]:
             seen.add(failure.pid)
             round_ = bisect.bisect_left(boundaries, position)
             timeout = silent.get((round_, failure.local_rank)) if failure.exit_code < 0 else None
-            rounds[round_].append(replace(failure, silent_s=timeout) if timeout is not None else failure)
+            rounds[round_].append(replace(failure, silent_s=timeout))
     return rounds
 
 
