@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from api.schemas.causes import Cause
 from api.schemas.spec import JobSpec
 
 
@@ -38,7 +39,8 @@ class LaunchRequest:
 
 @dataclass
 class ObservedEvent:
-    """Something the backend saw, to be stored as an event (idempotent by key)."""
+    """Something the backend saw, to be stored as an event (idempotent by key). A failure's `details` carry
+    its `Cause.details()`."""
 
     key: str
     type: str
@@ -50,9 +52,9 @@ class ObservedEvent:
 @dataclass
 class AttemptStatus:
     phase: AttemptPhase
-    cause: str | None = None
+    cause: Cause | None = None  # why it failed (or, while running, the latest failure seen)
     in_job_restarts: int = 0  # restarts the in-pod launcher has made so far
-    restart_causes: tuple[str, ...] = ()  # the cause of each of those restarts, in order, where known
+    restart_causes: tuple[Cause, ...] = ()  # the cause of each of those restarts, in order, where known
     failed_nodes: tuple[str, ...] = ()
     events: list[ObservedEvent] = field(default_factory=list)
 
