@@ -20,15 +20,15 @@ system-deps:
 	@bash .ci/system-deps
 
 demo: $(STAMP)
-	$(BIN)/python -m api.demo
+	$(BIN)/python -m ftplane.demo
 
 test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest -q -ra
 
 lint: $(STAMP)
-	$(BIN)/ruff check api workers trainer tests bench
-	$(BIN)/ruff format --check api workers trainer tests bench
-	$(BIN)/mypy api workers
+	$(BIN)/ruff check api workers trainer ftplane tests bench
+	$(BIN)/ruff format --check api workers trainer ftplane tests bench
+	$(BIN)/mypy api workers ftplane
 
 serve: $(STAMP)
 	$(BIN)/ftplane serve

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import psutil
 
-from api.devserver import wait_until_ready
+from ftplane.devserver import wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

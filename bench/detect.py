@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from api.devserver import ftplane_server
+from ftplane.devserver import ftplane_server
 from bench.common import create_admin_token, fresh_database, machine, percentile, table
 
 RANKS = 8

@@ -30,8 +30,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from api.client import Client
-from api.devserver import ftplane_server
+from ftplane.client import Client
+from ftplane.devserver import ftplane_server
 
 SEED_FIGURES = {"inprocess": 10.0, "injob": 17.0}  # the seed article: in-process ~10 s, ft_launcher 17 s per fault
 # ft_launcher's hang detection; an in-process restart sends no heartbeats while it runs, so that rung needs

@@ -127,7 +127,7 @@ def control_plane(p: Params, workdir: Path, database_url: str | None, redis_url:
             logs = {part: (workdir / f"{part}.log").open("wb") for part in ("worker", "beat")}
 
             def serve(part: str, cwd: Path) -> subprocess.Popen[bytes]:
-                command = [sys.executable, "-m", "api.cli", "serve", "--only", part]
+                command = [sys.executable, "-m", "ftplane.cli", "serve", "--only", part]
                 return subprocess.Popen(command, env=env, cwd=cwd, stdout=logs[part], stderr=subprocess.STDOUT)
 
             worker = serve("worker", ROOT)

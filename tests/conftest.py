@@ -166,7 +166,7 @@ def row_counts() -> dict[str, int]:
 @contextmanager
 def ftplane_server(workdir: Path, **extra_env: str) -> Iterator[dict[str, str]]:
     """A real `ftplane serve` in `workdir`; yields its environment (FTPLANE_URL, FTPLANE_TOKEN, WORKDIR)."""
-    from api.devserver import ftplane_server as serve
+    from ftplane.devserver import ftplane_server as serve
 
     with serve(workdir, **extra_env) as server:
         yield {**server.env, "WORKDIR": str(workdir)}

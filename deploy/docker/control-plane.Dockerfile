@@ -15,6 +15,7 @@ COPY api ./api
 COPY workers ./workers
 COPY trainer ./trainer
 COPY migrations ./migrations
+COPY ftplane ./ftplane
 RUN python -m venv /opt/ftplane \
  && /opt/ftplane/bin/pip install --upgrade pip \
  && /opt/ftplane/bin/pip install .

@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.devserver import ROOT
+from ftplane.devserver import ROOT
 from tests.conftest import ftplane_server
 
 
 def ftplane(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "api.cli", *args],
+        [sys.executable, "-m", "ftplane.cli", *args],
         env=env,
         cwd=env["WORKDIR"],
         capture_output=True,

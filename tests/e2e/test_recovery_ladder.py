@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from standardwebhooks import Webhook
 
-from api.client import Client
+from ftplane.client import Client
 from tests.conftest import ftplane_server, wait_for
 from tests.webhooks.support import Receiver, receiver  # noqa: F401 (the receiver fixture)
 

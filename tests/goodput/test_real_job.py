@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from api.client import Client
+from ftplane.client import Client
 from tests.conftest import ftplane_server, wait_for
 
 pytestmark = pytest.mark.slow

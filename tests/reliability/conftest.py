@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.devserver import ROOT, free_port
+from ftplane.devserver import ROOT, free_port
 from tests.conftest import wait_for
 
 
@@ -71,7 +71,7 @@ class ApiProcess:
     def start(self, timeout: float = 60) -> ApiProcess:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "serve", "--only", "api"],
+                [sys.executable, "-m", "ftplane.cli", "serve", "--only", "api"],
                 env=self.env,
                 cwd=self.workdir,
                 stdout=log,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.client import ADMIN_TOKEN_FILE, ApiFailure, Client
+from ftplane.client import ADMIN_TOKEN_FILE, ApiFailure, Client
 
 app = typer.Typer(
     help="ftplane: a control plane for fault-tolerant distributed PyTorch training.", no_args_is_help=True

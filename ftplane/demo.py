@@ -19,9 +19,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from api.client import ApiFailure, Client
+from ftplane.client import ApiFailure, Client
 from api.core.config import get_settings
-from api.devserver import ftplane_server
+from ftplane.devserver import ftplane_server
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-local.yaml"
