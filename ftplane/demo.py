@@ -19,8 +19,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from ftplane.client import ApiFailure, Client
 from api.core.config import get_settings
+from ftplane.client import ApiFailure, Client
 from ftplane.devserver import ftplane_server
 
 console = Console(width=None if sys.stdout.isatty() else 150)

@@ -99,7 +99,11 @@ def ftplane_server(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         server = subprocess.Popen(
-            [sys.executable, "-m", "ftplane.cli", "serve"], env=env, cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "ftplane.cli", "serve"],
+            env=env,
+            cwd=workdir,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
         )
     try:
         wait_until_ready(env["FTPLANE_URL"], server, log_path, ready_timeout, "ftplane serve")

@@ -1,4 +1,9 @@
-"""The Celery application: Redis when configured, otherwise an embedded broker that needs no server."""
+"""The Celery application the workers and beat run: the tasks, their schedule, and how a worker consumes.
+
+The broker and message settings are the send-only queue's (`api/core/queue.py`): Redis when
+configured, otherwise an embedded broker that needs no server. Senders address tasks by the names
+defined there.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from celery import Celery
 from kombu.transport import sqlalchemy as kombu_sqlalchemy
 
 from api.core.config import Settings, get_settings
+from api.core.queue import celery_config
 
 # The SQLAlchemy transport polls once a second by default, and its transport options go to
 # create_engine, so its polling interval can only be set on the class.
@@ -23,30 +29,6 @@ TASK_MODULES = [
 ]
 
 
-def broker_settings(settings: Settings) -> dict[str, object]:
-    if settings.redis_url:
-        return {
-            "broker_url": settings.redis_url,
-            "result_backend": settings.redis_url,
-            # Unacked tasks of a dead worker come back after this long (acks_late).
-            "broker_transport_options": {"visibility_timeout": 3600},
-        }
-    # kombu's SQLAlchemy transport on a SQLite file: transactional, so a message is never read
-    # half-written (the filesystem transport can be), and no server is needed.
-    return {
-        "broker_url": f"sqla+{embedded_broker_url(settings)}",
-        "result_backend": None,
-        # These go to create_engine: wait on a locked database instead of failing at once.
-        "broker_transport_options": {"connect_args": {"timeout": 30}},
-    }
-
-
-def embedded_broker_url(settings: Settings) -> str:
-    broker_db = (settings.data_dir / "broker.sqlite").resolve()
-    broker_db.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{broker_db}"
-
-
 def make_celery(settings: Settings | None = None) -> Celery:
     app = Celery("ftplane", include=TASK_MODULES)
     configure(app, settings or get_settings())
@@ -57,15 +39,10 @@ def configure(app: Celery, settings: Settings) -> None:
     """(Re)apply settings: at start, and in tests that switch databases and brokers."""
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)  # beat keeps its schedule there
     app.conf.update(
-        broker_settings(settings),
-        task_default_queue=settings.queue,
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
+        celery_config(settings),
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_ignore_result=True,
         broker_connection_retry_on_startup=True,
         beat_schedule={
             "supervise-jobs": {
@@ -94,9 +71,3 @@ def configure(app: Celery, settings: Settings) -> None:
 
 
 celery_app = make_celery()
-
-
-def broker_reachable(timeout: float = 2.0) -> None:
-    """Raises when the broker cannot be reached."""
-    with celery_app.connection_for_write() as connection:
-        connection.ensure_connection(max_retries=1, timeout=timeout)

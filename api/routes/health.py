@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
+from api.core import queue
 from api.core.db import get_engine
 
 router = APIRouter(tags=["health"])
@@ -28,9 +29,7 @@ def readyz() -> JSONResponse:
     except Exception as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
     try:
-        from workers.celery_app import broker_reachable
-
-        broker_reachable()
+        queue.broker_reachable()
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"unreachable: {type(exc).__name__}"

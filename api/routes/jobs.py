@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Query, status
 
+from api.core import queue
 from api.core.errors import ApiError, responses
 from api.database.tables import Job
 from api.deps import AdminDep, SessionDep
@@ -14,8 +15,8 @@ from api.models import jobs as job_store
 from api.schemas.events import EventOut
 from api.schemas.jobs import AttemptOut, FaultIn, FaultOut, JobCreated, JobDetail, JobOut, JobPage
 from api.schemas.spec import JobSpec
-from api.services import dispatch, lifecycle
 from api.services import jobs as job_service
+from api.services import lifecycle
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -32,7 +33,7 @@ def submit_job(spec: JobSpec, session: SessionDep, background: BackgroundTasks, 
     """Accept a job spec. The job starts PENDING; a worker launches it. The trainer token is shown once."""
     job, token = job_service.submit(session, spec)
     session.commit()
-    background.add_task(dispatch.send, dispatch.SUBMIT_JOB, job.id)
+    background.add_task(queue.send, queue.SUBMIT_JOB, job.id)
     return JobCreated.model_validate({**JobOut.model_validate(job).model_dump(), "token": token})
 
 
@@ -84,7 +85,7 @@ def cancel_job(job_id: str, session: SessionDep, background: BackgroundTasks, _:
     """Ask for the job to end. A PENDING job is cancelled at once; a launched one once torn down."""
     job = load_job(session, job_id, for_update=True)
     if job_service.request_cancel(session, job):
-        background.add_task(dispatch.send, dispatch.CANCEL_JOB, job.id)
+        background.add_task(queue.send, queue.CANCEL_JOB, job.id)
     session.commit()
     return JobOut.model_validate(job)
 
@@ -109,5 +110,5 @@ def inject_fault(
     out = job_service.request_fault(session, job, fault)
     session.commit()
     if out.delivery == "backend":
-        background.add_task(dispatch.send, dispatch.INJECT_FAULT, job.id, out.model_dump())
+        background.add_task(queue.send, queue.INJECT_FAULT, job.id, out.model_dump())
     return out

@@ -10,7 +10,6 @@ from api.models import jobs as job_store
 from api.models import tokens
 from api.schemas.jobs import FaultIn, FaultOut
 from api.schemas.spec import JobSpec
-from api.services import dispatch
 from api.services.lifecycle import TERMINAL, JobStatus, transition
 
 
@@ -56,7 +55,3 @@ def request_fault(session: Session, job: Job, fault: FaultIn) -> FaultOut:
         at_step=fault.at_step,
         delivery="backend" if by_backend else "trainer",
     )
-
-
-def after_commit(task: str, *args: object) -> None:
-    dispatch.send(task, *args)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import random
 import uuid
 from dataclasses import dataclass
@@ -32,16 +31,12 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from api.core import queue
 from api.database.tables import Event, Job, WebhookDelivery, WebhookSubscription
 from api.webhooks import subscriptions
 from api.webhooks.messages import PER_RANK_TYPES, standard_payload
 from api.webhooks.schemas import DeliveryOut
 from api.webhooks.targets import PostResult
-
-log = logging.getLogger(__name__)
-
-DELIVER_TASK = "ftplane.deliver_webhook"
-SWEEP_TASK = "ftplane.sweep_webhook_deliveries"
 
 # Retry schedule: after the n-th failed try wait FIRST_RETRY_S * 2**(n-1), capped at MAX_RETRY_S,
 # times a random factor in [0.5, 1] (jitter, so receivers coming back are not hit by a herd).
@@ -122,14 +117,7 @@ def announcements(events: list[Event]) -> list[tuple[Event, list[Event]]]:
 
 def enqueue(delivery_id: str, countdown: float | None = None) -> bool:
     """Hand a delivery to the workers; False when the broker is down (the sweep retries it)."""
-    from workers.celery_app import celery_app
-
-    try:
-        celery_app.send_task(DELIVER_TASK, args=[delivery_id], countdown=countdown)
-        return True
-    except Exception:  # a broker outage must not fail the request that stored the event
-        log.warning("could not enqueue webhook delivery %s; the sweep will retry it", delivery_id, exc_info=True)
-        return False
+    return queue.send(queue.DELIVER_WEBHOOK, delivery_id, countdown=countdown)
 
 
 def enqueue_all(delivery_ids: list[str]) -> None:

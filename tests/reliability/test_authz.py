@@ -121,14 +121,12 @@ def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[World]:
     configure_env(
         monkeypatch, tmp_path / "state", f"sqlite:///{tmp_path / 'ftplane.db'}", FTPLANE_WEBHOOK_ALLOW_PRIVATE="true"
     )
+    from api.core import queue
     from api.core.db import reset_caches, session_scope
     from api.main import create_app
     from api.models import tokens
-    from api.services import dispatch
-    from api.webhooks import outbox
 
-    monkeypatch.setattr(dispatch, "send", lambda *args: True)
-    monkeypatch.setattr(outbox, "enqueue", lambda *args, **kwargs: True)
+    monkeypatch.setattr(queue, "send", lambda *args, **kwargs: True)
     app = create_app()
     with session_scope() as session:
         _, admin_token = tokens.create_admin(session, "authz")

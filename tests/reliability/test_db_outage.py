@@ -45,13 +45,12 @@ def through_proxy(
     proxy = proxy_factory(real.host or "127.0.0.1", real.port or 5432)
     url = real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     configure_env(monkeypatch, tmp_path / "state", url)
-    from api.core import db
+    from api.core import db, queue
     from api.core.db import session_scope
     from api.main import create_app
     from api.models import tokens
-    from api.services import dispatch
 
-    monkeypatch.setattr(dispatch, "send", lambda *args: True)  # no broker here; the database is the subject
+    monkeypatch.setattr(queue, "send", lambda *args, **kwargs: True)  # no broker here; the database is the subject
     monkeypatch.setattr(db, "CONNECT_TIMEOUT_S", 2)  # the mechanism under test; 5 s in production
     app = create_app()
     with session_scope() as session:

@@ -66,15 +66,13 @@ def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     url = f"sqlite:///{tmp / 'ftplane.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_module")
     with pytest.MonkeyPatch.context() as monkeypatch:
         configure_env(monkeypatch, tmp / "state", url, FTPLANE_WEBHOOK_ALLOW_PRIVATE="true")
+        from api.core import queue
         from api.core.db import reset_caches, session_scope
         from api.main import create_app
         from api.models import tokens
-        from api.services import dispatch
-        from api.webhooks import outbox
 
         # No broker and no worker here: work the API hands off is dropped (nothing may depend on it).
-        monkeypatch.setattr(dispatch, "send", lambda *args: True)
-        monkeypatch.setattr(outbox, "enqueue", lambda *args, **kwargs: True)
+        monkeypatch.setattr(queue, "send", lambda *args, **kwargs: True)
         app = create_app()
         with session_scope() as session:
             _, token = tokens.create_admin(session, "fuzz")

@@ -13,7 +13,8 @@ from tests.conftest import configure_env
 def test_consumed_messages_are_purged_and_pending_ones_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     configure_env(monkeypatch, tmp_path / "state", f"sqlite:///{tmp_path / 'ftplane.db'}")
     from api.core.config import get_settings
-    from workers.celery_app import celery_app, embedded_broker_url
+    from api.core.queue import embedded_broker_url
+    from workers.celery_app import celery_app
     from workers.tasks.housekeeping import purge_consumed_messages
 
     for _ in range(3):

@@ -9,7 +9,8 @@ from __future__ import annotations
 from sqlalchemy import create_engine, inspect, text
 
 from api.core.config import get_settings
-from workers.celery_app import celery_app, embedded_broker_url
+from api.core.queue import embedded_broker_url
+from workers.celery_app import celery_app
 
 
 @celery_app.task(name="ftplane.purge_consumed_messages")

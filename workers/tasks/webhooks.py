@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from api import metrics
+from api.core import queue
 from api.core.config import get_settings
 from api.core.db import session_scope
 from api.schemas.events import utcnow
@@ -14,7 +15,7 @@ from workers.celery_app import celery_app
 log = logging.getLogger(__name__)
 
 
-@celery_app.task(name=outbox.DELIVER_TASK)
+@celery_app.task(name=queue.DELIVER_WEBHOOK)
 def deliver_webhook(delivery_id: str) -> str:
     """One try of one delivery; schedules the next try itself when it is near, else the sweep does."""
     settings = get_settings()
@@ -61,7 +62,7 @@ def deliver_webhook(delivery_id: str) -> str:
     return outcome.status
 
 
-@celery_app.task(name=outbox.SWEEP_TASK)
+@celery_app.task(name=queue.SWEEP_WEBHOOK_DELIVERIES)
 def sweep_webhook_deliveries() -> int:
     """Re-enqueue deliveries that are overdue and unheld: a lost task, a dead worker, a far retry."""
     with session_scope() as session:
