@@ -10,11 +10,12 @@ import pytest
 import yaml
 
 from api.core.config import Settings
+from api.schemas.causes import Cause, CauseClass
 from tests.kubernetes.k8s_fake_api import FakeKube, Request
 from tests.kubernetes.k8s_support import JOB_ID, NS, TOKEN, make_request, make_spec
-from workers.backends import kubernetes_manifests as m
 from workers.backends.base import AttemptPhase, FaultNotSupported, FaultRequest
 from workers.backends.kubernetes import KubernetesBackend, KubernetesBackendError, RetryPolicy
+from workers.backends.kubernetes import manifests as m
 
 SPEC = make_spec()
 A0 = m.attempt_name(JOB_ID, SPEC.name, 0)
@@ -100,7 +101,8 @@ def test_pending_scheduled_running_succeeded(fake, backend):
     backend.launch(make_request())
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.pending
-    assert "waiting for the scheduler (0/2" in (status.cause or "")
+    assert status.cause is not None and "waiting for the scheduler (0/2" in status.cause.message
+    assert status.cause.cause_class == CauseClass.scheduling
 
     nodes = fake.schedule(A0, NS)
     status = backend.status(JOB_ID, 0, SPEC)
@@ -132,10 +134,17 @@ def test_in_pod_failure_reports_exit_code_and_node(fake, backend):
     fake.exit(A0, NS, 1, 1)
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.failed
-    assert status.cause == f"exit code 1 on node {node}"
+    assert status.cause.message == f"exit code 1 on node {node}"
+    assert status.cause.cause_class == CauseClass.crash
+    assert status.cause.facts == {"node": node, "reason": "Error", "exit_code": 1}
     assert status.failed_nodes == ()  # a crashing program is not the node's fault
     (event,) = [e for e in status.events if e.type == "rank_failed"]
     assert event.node == node and event.details["exit_code"] == 1 and event.details["node_rank"] == 1
+    # the event carries the structured cause (as `Cause.details()` writes it) and what it always did
+    assert event.details["cause"] == status.cause.message and event.details["cause_class"] == "crash"
+    assert event.details["reason"] == "Error" and event.details["node"] == node
+    assert event.details["pod"] == fake.pod(A0, NS, 1)["metadata"]["name"]
+    assert Cause.of(event.details) == status.cause
     assert event.key.startswith("k8s:") and event.key.endswith(":Error")
     # the Job controller stopped the other pod; that is collateral, not a second cause
     assert [p["metadata"]["labels"][m.COMPLETION_INDEX_LABEL] for p in fake.pods(A0, NS)] == ["1"]
@@ -148,7 +157,10 @@ def test_oom_killed(fake, backend):
     fake.oom(A0, NS, 0)
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.failed
-    assert status.cause == f"exit code 137 (OOMKilled) on node {node}"
+    assert status.cause.message == f"exit code 137 (OOMKilled) on node {node}"
+    assert status.cause.cause_class == CauseClass.crash
+    assert status.cause.facts["exit_code"] == 137 and status.cause.facts["signal"] == "SIGKILL"
+    assert status.cause.facts["reason"] == "OOMKilled"
     assert status.failed_nodes == ()
 
 
@@ -158,7 +170,8 @@ def test_eviction_blames_the_node(fake, backend):
     fake.evict(A0, NS, 1)
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.failed
-    assert status.cause.startswith(f"pod evicted on node {node}: The node was low on resource: memory")
+    assert status.cause.message.startswith(f"pod evicted on node {node}: The node was low on resource: memory")
+    assert status.cause.cause_class == CauseClass.preempted
     assert status.failed_nodes == (node,)
     assert [e.type for e in status.events if e.type.endswith("_failed")] == ["node_failed"]
 
@@ -171,9 +184,11 @@ def test_node_loss_then_job_restart_excludes_the_node(fake, backend):
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.failed
     assert status.failed_nodes == (lost,)
-    assert f"node {lost} lost (NodeNotReady)" in status.cause
+    assert f"node {lost} lost (NodeNotReady)" in status.cause.message
+    assert status.cause.cause_class == CauseClass.node and status.cause.facts["node"] == lost
     (event,) = [e for e in status.events if e.type == "node_failed"]
     assert event.node == lost and event.details["node_rank"] == 1
+    assert event.details["cause_class"] == "node" and event.details["reason"] == "NodeLost"
 
     # what the supervisor does for a job-level restart: cancel, then launch attempt + 1 without the node
     backend.cancel(JOB_ID, 0, SPEC)
@@ -210,7 +225,8 @@ def test_spent_budget_attempt_reports_failure_and_nothing_is_relaunched(fake, ba
     final = backend.status(JOB_ID, 1, spec)
     # the budget decision is the supervisor's; the backend says what happened, and launches nothing itself
     assert final.phase == AttemptPhase.failed
-    assert final.cause == f"exit code 3 on node {node}"
+    assert final.cause.message == f"exit code 3 on node {node}"
+    assert final.cause.cause_class == CauseClass.crash
     assert not any(name.endswith("-a2") for (_, _, name) in fake.objects)
     assert final.phase == backend.status(JOB_ID, 1, spec).phase
 
@@ -223,9 +239,10 @@ def test_pod_deleted_by_someone_fails_the_attempt_without_blaming_the_node(fake,
     assert status.phase == AttemptPhase.failed
     assert status.failed_nodes == ()
     assert (
-        status.cause
+        status.cause.message
         == f"pod {pod['metadata']['name']} on node {pod['spec']['nodeName']} was deleted before it finished"
     )
+    assert status.cause.cause_class == CauseClass.other and status.cause.facts["reason"] == "Deleted"
 
 
 def test_image_pull_errors_pending_then_failed(fake):
@@ -236,11 +253,13 @@ def test_image_pull_errors_pending_then_failed(fake):
     fake.image_pull_error(A0, NS)
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.pending
-    assert status.cause.startswith(f"image {SPEC.image} cannot be pulled (ImagePullBackOff)")
+    assert status.cause.message.startswith(f"image {SPEC.image} cannot be pulled (ImagePullBackOff)")
+    assert status.cause.cause_class == CauseClass.scheduling
     clock[0] += 301
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.failed
-    assert "still failing after 30" in status.cause
+    assert "still failing after 30" in status.cause.message
+    assert status.cause.cause_class == CauseClass.scheduling and status.cause.facts["reason"] == "ImagePullBackOff"
 
 
 def test_invalid_image_fails_at_once(fake, backend):
@@ -249,7 +268,8 @@ def test_invalid_image_fails_at_once(fake, backend):
     fake.image_pull_error(A0, NS, reason="InvalidImageName")
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.failed
-    assert "(InvalidImageName)" in status.cause
+    assert "(InvalidImageName)" in status.cause.message
+    assert status.cause.cause_class == CauseClass.scheduling
 
 
 def test_unschedulable_is_pending_with_the_schedulers_words(fake, backend):
@@ -258,13 +278,14 @@ def test_unschedulable_is_pending_with_the_schedulers_words(fake, backend):
     fake.schedule(A0, NS)
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.pending
-    assert status.cause.startswith("waiting for nodes (0/2 pods running): 0/1 nodes are available")
+    assert status.cause.message.startswith("waiting for nodes (0/2 pods running): 0/1 nodes are available")
+    assert status.cause.cause_class == CauseClass.scheduling and status.cause.facts["reason"] == "Unschedulable"
 
 
 def test_missing_attempt(backend):
     status = backend.status(JOB_ID, 7, SPEC)
     assert status.phase == AttemptPhase.missing
-    assert "no Job" in status.cause
+    assert "no Job" in status.cause.message
 
 
 # ---------------------------------------------------------------- cancel / cleanup
@@ -308,7 +329,8 @@ def test_node_loss_fault_deletes_the_pod_of_the_ranks_node(fake, backend):
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.failed
     assert status.failed_nodes == (victim["spec"]["nodeName"],)
-    assert "injected node_loss" in status.cause
+    assert "injected node_loss" in status.cause.message
+    assert status.cause.cause_class == CauseClass.node
 
 
 @pytest.mark.parametrize(("kind", "signal"), [("crash", "KILL"), ("hang", "STOP")])
@@ -381,10 +403,11 @@ def test_status_never_raises(fake, backend):
     fake.fail("GET", r"/jobs/", 500, times=100)
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.pending
-    assert status.cause.startswith("status unknown: the Kubernetes API could not be read (HTTP 500")
+    assert status.cause.message.startswith("status unknown: the Kubernetes API could not be read (HTTP 500")
+    assert status.cause.cause_class == CauseClass.unknown
     fake.stop()
     status = backend.status(JOB_ID, 0, SPEC)
-    assert status.phase == AttemptPhase.pending and status.cause.startswith("status unknown")
+    assert status.phase == AttemptPhase.pending and status.cause.message.startswith("status unknown")
 
 
 def test_persistent_errors_end_in_a_typed_error_with_advice(fake, backend):
@@ -449,7 +472,7 @@ def test_no_configuration_is_reported_not_raised_by_status(tmp_path, monkeypatch
     backend = KubernetesBackend(settings=Settings(kube_in_cluster=False), retry=RetryPolicy(attempts=1))
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.pending
-    assert "FTPLANE_KUBE_CONTEXT" in status.cause
+    assert "FTPLANE_KUBE_CONTEXT" in status.cause.message
     with pytest.raises(KubernetesBackendError, match="cannot load the Kubernetes configuration"):
         backend.launch(make_request())
     # rendering needs no cluster at all
@@ -464,7 +487,8 @@ def test_a_lost_node_is_the_cause_even_when_a_rank_elsewhere_failed_first(fake, 
     status = backend.status(JOB_ID, 0, SPEC)
     assert status.phase == AttemptPhase.failed
     assert status.failed_nodes == (sick["spec"]["nodeName"],)
-    assert status.cause.startswith(f"node {sick['spec']['nodeName']} lost (NodeNotReady)")
+    assert status.cause.message.startswith(f"node {sick['spec']['nodeName']} lost (NodeNotReady)")
+    assert status.cause.cause_class == CauseClass.node
     assert sorted(e.type for e in status.events if e.type.endswith("_failed")) == [
         "node_failed",
         "rank_failed",

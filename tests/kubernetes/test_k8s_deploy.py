@@ -16,9 +16,9 @@ import yaml
 from api.schemas.spec import JobSpec
 from tests.kubernetes.k8s_fake_api import FakeKube
 from tests.kubernetes.k8s_support import JOB_ID, make_request, validate_strict
-from workers.backends import kubernetes_manifests as m
 from workers.backends.base import FaultRequest
 from workers.backends.kubernetes import KubernetesBackend
+from workers.backends.kubernetes import manifests as m
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

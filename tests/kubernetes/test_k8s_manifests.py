@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from tests.kubernetes.k8s_support import JOB_ID, TOKEN, make_request, make_spec, validate_strict
-from workers.backends import kubernetes_manifests as m
 from workers.backends.base import launcher_arguments
-from workers.backends.kubernetes import SIGNAL_RANK_SCRIPT, KubernetesBackend
+from workers.backends.kubernetes import KubernetesBackend
+from workers.backends.kubernetes import manifests as m
+from workers.backends.kubernetes.faults import SIGNAL_RANK_SCRIPT
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

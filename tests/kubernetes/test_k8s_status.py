@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from api.schemas.causes import CauseClass
 from tests.kubernetes.k8s_support import make_spec
 from workers.backends.base import AttemptPhase
-from workers.backends.kubernetes import AttemptView
+from workers.backends.kubernetes.status import AttemptView
 
 SPEC = make_spec(nodes=2)
 NAME = "llama-8b-fsdp-f2c48fa0c3-a0"
@@ -38,7 +39,8 @@ def test_unknown_phase_blames_the_node():
     status = view(job(), [pod(0, "Running"), pod(1, "Unknown", node="ip-10-0-9-9")]).status()
     assert status.phase == AttemptPhase.failed
     assert status.failed_nodes == ("ip-10-0-9-9",)
-    assert "stopped responding" in status.cause
+    assert "stopped responding" in status.cause.message
+    assert status.cause.cause_class == CauseClass.node and status.cause.facts["node"] == "ip-10-0-9-9"
 
 
 def test_deadline_exceeded_without_pods_left():
@@ -50,7 +52,8 @@ def test_deadline_exceeded_without_pods_left():
     }
     status = view(job(conditions=[failed]), []).status()
     assert status.phase == AttemptPhase.failed
-    assert status.cause == "deadline exceeded: Job was active longer"
+    assert status.cause.message == "deadline exceeded: Job was active longer"
+    assert status.cause.facts == {"reason": "DeadlineExceeded"}
 
 
 def test_quota_refusal_is_a_pending_cause():
@@ -64,7 +67,8 @@ def test_quota_refusal_is_a_pending_cause():
     assert v.needs_events()
     status = v.status()
     assert status.phase == AttemptPhase.pending
-    assert status.cause == 'pods cannot be created: pods "x" is forbidden: exceeded quota: gpu-quota'
+    assert status.cause.message == 'pods cannot be created: pods "x" is forbidden: exceeded quota: gpu-quota'
+    assert status.cause.cause_class == CauseClass.scheduling
 
 
 def test_node_shutdown_is_node_level_and_preemption_is_not():
@@ -77,6 +81,8 @@ def test_node_shutdown_is_node_level_and_preemption_is_not():
     )
     status = view(job(), [pod(0, "Running"), shutdown]).status()
     assert status.failed_nodes == ("ip-10-0-2-2",)
+    # a node shut down on purpose (a drain, a spot interruption) preempted the attempt; the node is still excluded
+    assert status.cause.cause_class == CauseClass.preempted and status.cause.facts["reason"] == "Terminated"
     preempted = pod(
         1,
         "Failed",
@@ -85,7 +91,9 @@ def test_node_shutdown_is_node_level_and_preemption_is_not():
     )
     status = view(job(), [pod(0, "Running"), preempted]).status()
     assert status.failed_nodes == ()
-    assert status.cause == "exit code 143 on node ip-10-0-1-1 (preempted by a higher-priority pod)"
+    assert status.cause.message == "exit code 143 on node ip-10-0-1-1 (preempted by a higher-priority pod)"
+    assert status.cause.cause_class == CauseClass.preempted
+    assert status.cause.facts["exit_code"] == 143 and status.cause.facts["signal"] == "SIGTERM"
 
 
 def test_vanished_pod_node_comes_from_its_scheduled_event():
@@ -114,6 +122,7 @@ def test_vanished_pod_node_comes_from_its_scheduled_event():
     assert status.failed_nodes == ("ip-10-0-7-7",)
     (event,) = [e for e in status.events if e.type == "node_failed"]
     assert event.key == "k8s:gone:node_failed" and event.details["node_rank"] == 1
+    assert event.details["cause_class"] == "node" and event.details["node"] == "ip-10-0-7-7"
 
 
 def test_all_succeeded_before_the_job_says_complete():

@@ -6,6 +6,8 @@ headless Service that gives the pods stable DNS names for the rendezvous.
 Per job: a Secret holding the trainer token, referenced by the pods, never
 rendered with its value.
 
+`render` writes them as YAML for people (`ftplane render`), the token Secret named, not shown.
+
 Names are DNS-1123 labels of at most 63 characters; long or unusual job ids
 are shortened with a hash so every name stays unique and valid.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import re
 from typing import Any
+
+import yaml
 
 from api.schemas.spec import JobSpec
 from workers.backends.base import LaunchRequest, launcher_arguments, trainer_environment
@@ -309,3 +313,30 @@ def secret_manifest(request: LaunchRequest) -> dict[str, Any]:
         },
         "stringData": {TOKEN_KEY: request.token},
     }
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """YAML for people: repeated label maps are written out, not as &anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render(
+    request: LaunchRequest,
+    *,
+    cluster_domain: str = DEFAULT_CLUSTER_DOMAIN,
+    ttl_after_finished_s: int | None = None,
+) -> str:
+    """The attempt's manifests as multi-document YAML; the token Secret is named, never shown."""
+    spec = request.spec
+    header = (
+        f"# ftplane job {request.job_id}, attempt {request.attempt}, namespace {spec.namespace}.\n"
+        f"# Secret {secret_name(request.job_id, spec.name)} (key {TOKEN_KEY}) holds FTPLANE_TOKEN;\n"
+        "# ftplane creates it at launch. The Service gets an ownerReference to the Job at launch.\n"
+    )
+    docs = [
+        job_manifest(request, cluster_domain=cluster_domain, ttl_after_finished_s=ttl_after_finished_s),
+        service_manifest(request),
+    ]
+    return header + yaml.dump_all(docs, Dumper=_NoAliasDumper, sort_keys=False, explicit_start=True)
