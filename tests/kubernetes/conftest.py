@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kubernetes.k8s_fake_api import FakeKube
+from tests.fake_kubernetes import FakeKube
 from tests.kubernetes.k8s_support import validate_strict
 from workers.backends.kubernetes import KubernetesBackend, RetryPolicy
 

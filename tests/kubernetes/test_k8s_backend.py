@@ -11,7 +11,7 @@ import yaml
 
 from api.core.config import Settings
 from api.schemas.causes import Cause, CauseClass
-from tests.kubernetes.k8s_fake_api import FakeKube, Request
+from tests.fake_kubernetes import FakeKube, Request
 from tests.kubernetes.k8s_support import JOB_ID, NS, TOKEN, make_request, make_spec
 from workers.backends.base import AttemptPhase, FaultNotSupported, FaultRequest
 from workers.backends.kubernetes import KubernetesBackend, KubernetesBackendError, RetryPolicy

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from api.schemas.spec import JobSpec
-from tests.kubernetes.k8s_fake_api import FakeKube
+from tests.fake_kubernetes import FakeKube
 from tests.kubernetes.k8s_support import JOB_ID, make_request, validate_strict
 from workers.backends.base import FaultRequest
 from workers.backends.kubernetes import KubernetesBackend
