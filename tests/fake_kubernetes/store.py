@@ -174,11 +174,15 @@ class Store:
             self._created(plural, obj)
             return copy.deepcopy(obj)
 
+    def _stored(self, plural: str, ns: str, name: str) -> dict[str, Any]:
+        old = self.objects.get((plural, ns, name))
+        if old is None:
+            raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+        return old
+
     def replace(self, plural: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            old = self.objects.get((plural, ns, name))
-            if old is None:
-                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            old = self._stored(plural, ns, name)
             obj = copy.deepcopy(body)
             meta = obj.setdefault("metadata", {})
             for key in ("uid", "creationTimestamp", "namespace"):
@@ -192,10 +196,7 @@ class Store:
 
     def patch(self, plural: str, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            old = self.objects.get((plural, ns, name))
-            if old is None:
-                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
-            obj = merge_patch(old, patch)
+            obj = merge_patch(self._stored(plural, ns, name), patch)
             obj["metadata"]["resourceVersion"] = str(next(self.rv))
             self.objects[(plural, ns, name)] = obj
             return copy.deepcopy(obj)

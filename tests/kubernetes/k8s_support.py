@@ -1,4 +1,5 @@
-"""Shared helpers of the Kubernetes tests: specs, launch requests, strict schema validation."""
+"""Shared helpers of the Kubernetes tests: specs, launch requests, strict schema validation, and driving an
+attempt on the fake API server."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 from kubernetes_validate.utils import latest_version, validate
 
 from api.schemas.spec import JobSpec
+from tests.fake_kubernetes import FakeKube, Request
 from workers.backends.base import LaunchRequest
+from workers.backends.kubernetes import KubernetesBackend
+from workers.backends.kubernetes import manifests as m
 
 K8S_VERSION = latest_version()
 TOKEN = "ftp_trainer_s3cr3t-token-value"
@@ -49,3 +53,34 @@ def make_request(
         control_plane_url="http://ftplane-api.ftplane.svc.cluster.local:8000",
         excluded_nodes=excluded,
     )
+
+
+SPEC = make_spec()
+A0 = m.attempt_name(JOB_ID, SPEC.name, 0)
+A1 = m.attempt_name(JOB_ID, SPEC.name, 1)
+SECRET = m.secret_name(JOB_ID, SPEC.name)
+
+
+def objects_of(fake: FakeKube, attempt_name: str) -> list[tuple[str, str]]:
+    return sorted(
+        (plural, name)
+        for (plural, _, name) in fake.objects
+        if plural != "events" and (name == attempt_name or name.startswith(attempt_name + "-"))
+    )
+
+
+def option(request: Request, key: str) -> str | None:
+    """A delete option, sent in the query or in the DeleteOptions body depending on the client version."""
+    if request.query.get(key):
+        return request.query[key][0]
+    value = (request.body or {}).get(key)
+    return None if value is None else str(value)
+
+
+def running_attempt(fake: FakeKube, backend: KubernetesBackend, attempt: int = 0, **kw: object) -> str:
+    request = make_request(attempt=attempt, **kw)  # type: ignore[arg-type]
+    backend.launch(request)
+    name = m.attempt_name(JOB_ID, SPEC.name, attempt)
+    fake.schedule(name, NS)
+    fake.run(name, NS)
+    return name
