@@ -17,6 +17,6 @@ router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["goodput"])
 def get_goodput(job_id: str, session: SessionDep, _: AdminDep) -> GoodputOut:
     """Wall time split into productive time and time lost (initialization, checkpoint stalls, fault
     detection, restarts, recomputed steps, shutdown), ETTR, and the Young/Daly checkpoint interval.
-    The accounting rules are in `api/services/goodput.py`. A job not launched yet has zero wall time."""
+    The accounting rules are in `api/services/goodput/__init__.py`. A job not launched yet has zero wall time."""
     job = load_job(session, job_id)
     return goodput.job_goodput(session, job) or goodput.empty(job)

@@ -1,6 +1,6 @@
 """Shapes of `GET /v1/jobs/{id}/goodput`: where a job's wall time went, and checkpoint-interval advice.
 
-The accounting itself (which interval belongs to which bucket) is defined in `api/services/goodput.py`.
+The accounting itself (which interval belongs to which bucket) is defined in `api/services/goodput/`.
 """
 
 from __future__ import annotations

@@ -178,20 +178,20 @@ def test_advice_in_words() -> None:
 
 def test_a_job_wide_hang_is_read_per_detection_pass(admin: TestClient, make_job: Any) -> None:
     """test_accounting.test_hang_detected_by_silence, stored: the supervisor records a pass's hang_detected
-    events (one per silent rank) with one time; silences recorded before silent_s existed carry it in
-    their cause only. Expected: fault_detection 41..71 = 30 s, restart 71..80 = 9 s."""
+    events (one per silent rank) with one time; a silence without silent_s (its cause is not read) is
+    detected at its own time, after the pass. Expected: fault_detection 41..71 = 30 s, restart 71..80 = 9 s."""
     job = submitted(make_job, procs_per_node=8)
     silent = [
         event(f"hang:r{r}", "hang_detected", 71, rank=r, step=150, details={"cause": "quiet", "silent_s": 30 - r})
         for r in range(8)
     ]
-    old_style = event("hang:old", "hang_detected", 72, rank=0, step=150, details={"cause": "no heartbeat for 20.0 s"})
+    unmeasured = event("hang:old", "hang_detected", 72, rank=0, step=150, details={"cause": "no heartbeat for 20.0 s"})
     history = [
         event("submitted:a0", "submitted", 0),
         *running("run0", 10, 0, 0, 8),
         saved("ckpt100", 30, 100),
         *silent,
-        old_style,
+        unmeasured,
         event("injob:1", "injob_restart", 75, details={"restart_count": 1}),
         *running("run1", 80, 100, 1, 8),
         saved("ckpt200", 100, 200),
