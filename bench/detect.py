@@ -36,75 +36,18 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from ftplane.devserver import ftplane_server
 from bench.common import create_admin_token, fresh_database, machine, percentile, table
+from ftplane.devserver import ftplane_server
+from tests.support.receivers import Receiver
+from tests.support.waiting import wait_for
 
 RANKS = 8
 MARGIN_TARGET_S = 2.0
-
-
-# ---- the webhook receiver ------------------------------------------------------------------------
-
-
-@dataclass
-class Received:
-    at: float  # time.time() on receipt
-    webhook_id: str
-    body: dict[str, Any]
-
-
-class Receiver:
-    """A loopback HTTP server that records every POST it gets."""
-
-    def __init__(self) -> None:
-        self.items: list[Received] = []
-        self.cond = threading.Condition()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server interface
-                at = time.time()
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-                with receiver.cond:
-                    receiver.items.append(Received(at, self.headers.get("webhook-id", ""), body))
-                    receiver.cond.notify_all()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Receiver:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def wait_for(self, predicate: Any, timeout: float) -> Received | None:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                for item in self.items:
-                    if predicate(item):
-                        return item
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(left)
 
 
 # ---- the simulated ranks -------------------------------------------------------------------------
@@ -202,7 +145,7 @@ def run(args: argparse.Namespace) -> list[Trial]:
         workdir = Path(tmp)
         with control_plane(args, workdir) as (url, admin):
             api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=30)
-            hook = api.post("/v1/webhooks", json={"url": receiver.url, "event_types": ["hang_detected"]})
+            hook = api.post("/v1/webhooks", json={"url": receiver.url + "/hooks", "event_types": ["hang_detected"]})
             hook.raise_for_status()
             spec = {
                 "name": "detect-bench",
@@ -219,11 +162,7 @@ def run(args: argparse.Namespace) -> list[Trial]:
             created = api.post("/v1/jobs", json=spec)
             created.raise_for_status()
             job_id, token = created.json()["id"], created.json()["token"]
-            deadline = time.monotonic() + 120
-            while api.get(f"/v1/jobs/{job_id}").json()["status"] == "PENDING":
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the job was not launched in 120 s")
-                time.sleep(0.2)
+            wait_for("the job to be launched", lambda: api.get(f"/v1/jobs/{job_id}").json()["status"] != "PENDING", 120)
             try:
                 rng = random.Random(args.seed)
                 with Ranks(url, job_id, token, args.beat_interval) as ranks:
@@ -232,20 +171,16 @@ def run(args: argparse.Namespace) -> list[Trial]:
                         rank = i % RANKS
                         time.sleep(rng.uniform(0, args.supervise_interval))  # a random phase of the supervision period
                         silent_from = ranks.silence(rank).timestamp()
-                        got = receiver.wait_for(
-                            lambda r, rank=rank, t=silent_from: (
-                                r.body.get("type") == "hang_detected"
-                                and r.body["data"]["event"]["rank"] == rank
-                                and _ts(r.body["data"]["event"]["ts"]) > t
-                            ),
+                        got = receiver.first(
+                            lambda r, rank=rank, t=silent_from: hang_of(r.json(), rank, after=t),
                             timeout=2 * args.timeout - 0.5,
                         )
                         ranks.resume(rank)
                         if got is None:
                             print(f"  trial {i + 1}: rank {rank}: no webhook within {2 * args.timeout - 0.5:.1f} s")
                             continue
-                        detected = _ts(got.body["data"]["event"]["ts"])
-                        trial = Trial(rank, detected - silent_from, got.at - silent_from)
+                        detected = _ts(got.json()["data"]["event"]["ts"])
+                        trial = Trial(rank, detected - silent_from, got.wall - silent_from)
                         trials.append(trial)
                         print(
                             f"  trial {i + 1}/{args.trials}: rank {rank} silent -> "
@@ -265,6 +200,12 @@ def cancel(api: httpx.Client, job_id: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and api.get(f"/v1/jobs/{job_id}").json()["status"] != "CANCELLED":
         time.sleep(0.3)
+
+
+def hang_of(message: dict[str, Any], rank: int, *, after: float) -> bool:
+    """The webhook announces `rank`'s hang_detected stored after `after` (Unix time)."""
+    event = message.get("data", {}).get("event", {})
+    return message.get("type") == "hang_detected" and event.get("rank") == rank and _ts(event["ts"]) > after
 
 
 def _ts(value: str) -> float:

@@ -32,6 +32,7 @@ from typing import Any
 
 from ftplane.client import Client
 from ftplane.devserver import ftplane_server
+from tests.support.waiting import wait_for
 
 SEED_FIGURES = {"inprocess": 10.0, "injob": 17.0}  # the seed article: in-process ~10 s, ft_launcher 17 s per fault
 # ft_launcher's hang detection; an in-process restart sends no heartbeats while it runs, so that rung needs
@@ -73,13 +74,7 @@ class Measurement:
 
 
 def wait(what: str, condition: Callable[[], Any], timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return wait_for(what, condition, timeout, interval=0.2)
 
 
 def ts(event: dict[str, Any]) -> float:

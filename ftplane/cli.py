@@ -141,11 +141,12 @@ def die_with_parent() -> None:
         pass
 
 
-def celery_command(part: Part) -> list[str]:
+def celery_command(part: Part, loglevel: str = "INFO") -> list[str]:
+    """The worker (with embedded beat for `all`) or beat process of `ftplane serve`."""
     base = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app"]
     if part == Part.beat:
-        return [*base, "beat", "--loglevel=INFO"]
-    command = [*base, "worker", "--loglevel=INFO", "--pool=solo", "--without-gossip", "--without-mingle"]
+        return [*base, "beat", f"--loglevel={loglevel}"]
+    command = [*base, "worker", f"--loglevel={loglevel}", "--pool=solo", "--without-gossip", "--without-mingle"]
     if part == Part.all:
         command.append("--beat")
     return command

@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh database per test (SQLite, and PostgreSQL when configured), the app, tokens.
+"""Shared fixtures: a fresh database per test (SQLite, and PostgreSQL when configured), the app, tokens,
+a fake webhook receiver.
 
 PostgreSQL and Redis tests run when FTPLANE_TEST_DATABASE_URL / FTPLANE_TEST_REDIS_URL are set;
 under CI=true their absence is an error, never a skip.
@@ -7,7 +8,6 @@ under CI=true their absence is an error, never a skip.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,21 +19,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from tests.support.receivers import Receiver
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
 PG_URL = os.environ.get("FTPLANE_TEST_DATABASE_URL")
 REDIS_URL = os.environ.get("FTPLANE_TEST_REDIS_URL")
-
-
-def wait_for(what: str, condition: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
-    """Poll until `condition()` is truthy and return its value; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def require(value: str | None, what: str) -> str:
@@ -161,6 +151,13 @@ def row_counts() -> dict[str, int]:
             name: int(connection.execute(text(f"SELECT COUNT(*) FROM {name}")).scalar_one())
             for name in Base.metadata.tables
         }
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A fake webhook receiver on 127.0.0.1 (subscriptions to it need FTPLANE_WEBHOOK_ALLOW_PRIVATE)."""
+    with Receiver() as running:
+        yield running
 
 
 @contextmanager

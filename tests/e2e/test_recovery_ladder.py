@@ -3,7 +3,6 @@ a real `ftplane serve`, fails for real and recovers through each rung of the lad
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
@@ -12,8 +11,9 @@ import pytest
 from standardwebhooks import Webhook
 
 from ftplane.client import Client
-from tests.conftest import ftplane_server, wait_for
-from tests.webhooks.support import Receiver, receiver  # noqa: F401 (the receiver fixture)
+from tests.conftest import ftplane_server
+from tests.support.receivers import Receiver
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def resumed_after(api: Client, job_id: str, fault: dict[str, Any]) -> dict[str, 
 
 def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(
     api: Client,
-    receiver: Receiver,  # noqa: F811
+    receiver: Receiver,
 ) -> None:
     hook = api.request(
         "POST",
@@ -140,8 +140,7 @@ def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(
     delivered: dict[int, float] = {}
     for request in received:
         payload = Webhook(hook["secret"]).verify(request.body, request.headers)
-        wall = time.time() - (time.monotonic() - request.at)
-        delivered.setdefault(payload["data"]["event"]["id"], wall)
+        delivered.setdefault(payload["data"]["event"]["id"], request.wall)
     for event_id, event in restarts.items():
         assert event_id in delivered, f"no webhook for {event['type']}"
         lag = delivered[event_id] - datetime.fromisoformat(event["ts"]).timestamp()

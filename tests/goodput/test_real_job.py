@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from ftplane.client import Client
-from tests.conftest import ftplane_server, wait_for
+from tests.conftest import ftplane_server
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.metrics import cause_class
-from tests.webhooks.support import Receiver, post_events, start
+from tests.support.receivers import Receiver
+from tests.webhooks.support import post_events, start
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "deploy" / "grafana" / "ftplane.json"

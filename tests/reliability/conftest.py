@@ -1,4 +1,4 @@
-"""Helpers for the reliability tests: real processes to kill, a TCP proxy to cut, and waiting.
+"""Helpers for the reliability tests: the API and a worker as real processes to kill, a TCP proxy to cut.
 
 Fixtures (`admin`, `make_job`, `database_url`, `postgres_url`, ...) come from tests/conftest.py.
 """
@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from ftplane.devserver import ROOT, free_port
-from tests.conftest import wait_for
+from tests.support.processes import CeleryWorker, kill_group
+from tests.support.waiting import wait_for
 
 
 def bare_app() -> Any:
@@ -47,13 +48,6 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
-
-
-def kill_group(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    """Signal the process and everything in its session (it was started with start_new_session)."""
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
-    process.wait(timeout=30)
 
 
 class ApiProcess:
@@ -96,51 +90,9 @@ class ApiProcess:
         self.process = None
 
 
-class WorkerProcess:
-    """A Celery worker with embedded beat, in a session of its own so that kill -9 takes beat too."""
-
-    def __init__(self, env: dict[str, str], log: Path, loglevel: str = "INFO") -> None:
-        self.env = child_env(**env)
-        self.log = log
-        self.loglevel = loglevel
-        self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> WorkerProcess:
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.celery_app:celery_app",
-            "worker",
-            "--beat",
-            "--pool=solo",
-            f"--loglevel={self.loglevel}",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                command, env=self.env, cwd=self.log.parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.starts += 1
-        return self
-
-    def kill9(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            kill_group(self.process, signal.SIGKILL)
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                kill_group(self.process)
-        self.process = None
+def worker_process(env: dict[str, str], log: Path, loglevel: str = "INFO") -> CeleryWorker:
+    """A Celery worker with embedded beat on `env`'s settings (see `child_env`); `.start()` it."""
+    return CeleryWorker(child_env(**env), log, loglevel=loglevel, extra_args=["--without-heartbeat"])
 
 
 class TcpProxy:

@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,58 +23,27 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from tests.conftest import REDIS_URL, configure_env, require, wait_for
-from tests.reliability.conftest import ApiProcess, WorkerProcess
+from tests.conftest import REDIS_URL, configure_env, require
+from tests.reliability.conftest import ApiProcess, worker_process
+from tests.support.receivers import Receiver
+from tests.support.waiting import wait_for
 
 END = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-class HoldingReceiver:
-    """A webhook receiver that holds the first request it gets until released (the worker is killed
-    meanwhile, mid-delivery), then answers everything 200. Records the webhook-id of each request."""
-
-    def __init__(self) -> None:
-        self.ids: list[str] = []
-        self.first_arrived = threading.Event()
-        self.release = threading.Event()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the http.server API)
-                self.rfile.read(int(self.headers.get("content-length", "0")))
-                receiver.ids.append(self.headers.get("webhook-id", ""))
-                if not receiver.first_arrived.is_set():
-                    receiver.first_arrived.set()
-                    receiver.release.wait(20)
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                except OSError:
-                    pass  # the worker that asked is dead
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 @pytest.fixture
-def receiver() -> Iterator[HoldingReceiver]:
-    r = HoldingReceiver()
-    yield r
-    r.release.set()
-    r.server.shutdown()
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver that holds the first request it gets until released (the worker is killed
+    meanwhile, mid-delivery), then answers everything 200."""
+    with Receiver(hold_first=True) as holding:
+        yield holding
 
 
 @pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.postgres
 def test_worker_killed_while_submitting_supervising_and_delivering(
-    postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, receiver: HoldingReceiver
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, receiver: Receiver
 ) -> None:
     settings = {
         "FTPLANE_REDIS_URL": require(REDIS_URL, "FTPLANE_TEST_REDIS_URL"),
@@ -96,10 +64,11 @@ def test_worker_killed_while_submitting_supervising_and_delivering(
     admin = TestClient(app, headers={"Authorization": f"Bearer {token}"})
     runs = data_dir / "runs"
     worker_env = {**settings, "FTPLANE_DATA_DIR": str(data_dir), "FTPLANE_DATABASE_URL": postgres_url}
-    worker = WorkerProcess(worker_env, tmp_path / "worker.log").start()
+    worker = worker_process(worker_env, tmp_path / "worker.log").start()
     starts = tmp_path / "starts.log"  # each trainer process that starts appends a line here
     try:
-        hook = admin.post("/v1/webhooks", json={"url": receiver.url, "event_types": ["submitted", "succeeded"]})
+        subscription = {"url": f"{receiver.url}/hook", "event_types": ["submitted", "succeeded"]}
+        hook = admin.post("/v1/webhooks", json=subscription)
         assert hook.status_code == 201, hook.text
         command = (
             "import os, sys, time; "
@@ -156,9 +125,10 @@ def test_worker_killed_while_submitting_supervising_and_delivering(
         )
     assert len(rows) == events == 2 * len(jobs)
     assert len({r.event_id for r in rows}) == len(rows) and {r.status for r in rows} == {"delivered"}
-    assert {r.id for r in rows} <= set(receiver.ids)
+    received = [r.webhook_id for r in receiver.requests]
+    assert {r.id for r in rows} <= set(received)
     assert worker.starts == 4
-    repeated = sum(n - 1 for n in collections.Counter(receiver.ids).values())
+    repeated = sum(n - 1 for n in collections.Counter(received).values())
     print(f"\n3 kill -9 of the worker survived; {len(rows)} deliveries, {repeated} sent twice (same webhook-id)")
 
 

@@ -19,8 +19,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 
-from tests.conftest import configure_env, tiny_spec, wait_for
+from tests.conftest import configure_env, tiny_spec
 from tests.reliability.conftest import TcpProxy
+from tests.support.waiting import wait_for
 from trainer.reporter import Reporter
 
 pytestmark = pytest.mark.postgres

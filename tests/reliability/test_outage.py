@@ -21,8 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import configure_env, wait_for
+from tests.conftest import configure_env
 from tests.reliability.conftest import ApiProcess, child_env
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,49 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import wait_for
-from tests.reliability.conftest import ApiProcess, WorkerProcess
+from tests.reliability.conftest import ApiProcess, worker_process
+from tests.support.receivers import Receiver
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-class Receiver:
-    """Records every webhook request it is sent, headers and body."""
-
-    def __init__(self) -> None:
-        self.requests: list[bytes] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the http.server API)
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                receiver.requests.append(str(self.headers).encode() + body)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.server.shutdown()
 
 
 def test_no_secret_in_logs_listings_or_stored_tokens(tmp_path: Path, receiver: Receiver) -> None:
@@ -70,7 +37,7 @@ def test_no_secret_in_logs_listings_or_stored_tokens(tmp_path: Path, receiver: R
     }
     api = ApiProcess(workdir, env)
     env["FTPLANE_PORT"] = str(api.port)  # the worker tells trainers where the API is
-    worker = WorkerProcess(env, workdir / "worker.log", loglevel="DEBUG")
+    worker = worker_process(env, workdir / "worker.log", loglevel="DEBUG")
     api.start()
     worker.start()
     try:
@@ -104,7 +71,7 @@ def test_no_secret_in_logs_listings_or_stored_tokens(tmp_path: Path, receiver: R
                 if not stored_on_purpose:  # the signing key must be kept to sign
                     leaks.append(f"{name} in {path.relative_to(workdir)}")
     for request in receiver.requests:
-        leaks += [f"{name} sent to the webhook receiver" for name, v in secrets.items() if v.encode() in request]
+        leaks += [f"{name} sent to the webhook receiver" for name, v in secrets.items() if v.encode() in request.raw()]
     assert not leaks, leaks
     assert (workdir / "api.log").stat().st_size > 0 and b"DEBUG" in (workdir / "worker.log").read_bytes()
 
@@ -115,7 +82,7 @@ def run_traffic(api: ApiProcess, workdir: Path, receiver: Receiver) -> dict[str,
     admin = httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {bootstrap}"}, timeout=30)
     made_token = admin.post("/v1/tokens", json={"name": "ci"}).json()["token"]
     hook = admin.post(
-        "/v1/webhooks", json={"url": receiver.url, "event_types": ["checkpoint_saved", "succeeded"]}
+        "/v1/webhooks", json={"url": receiver.url + "/hook", "event_types": ["checkpoint_saved", "succeeded"]}
     ).json()
     command = (
         'printf %s "$FTPLANE_TOKEN" > "$0"; exec python -m trainer --model tiny --steps 6 '

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 from tests.trainer.conftest import REPO
 from trainer.config import FaultSpec
 from trainer.faults import FaultInjector, InjectedFault, hang_forever, marker_dir

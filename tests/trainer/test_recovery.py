@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 from tests.trainer.conftest import Job, Receiver, launcher_command, trainer_env
 from trainer.checkpoint import COMPLETE_MARKER, latest_complete, list_checkpoints, step_dir
 

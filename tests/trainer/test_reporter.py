@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 from tests.trainer.conftest import TOKEN, Job, Receiver, launcher_command, trainer_env
 from trainer.reporter import Reporter
 

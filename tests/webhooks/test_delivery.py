@@ -19,7 +19,8 @@ from api.core.db import session_scope
 from api.database.tables import WebhookDelivery
 from api.schemas.events import utcnow
 from api.webhooks import outbox
-from tests.webhooks.support import Receiver, post_events, start
+from tests.support.receivers import Receiver
+from tests.webhooks.support import post_events, start
 from workers.tasks.webhooks import deliver_webhook, sweep_webhook_deliveries
 
 Enqueued = list[tuple[str, float | None]]

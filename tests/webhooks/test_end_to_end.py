@@ -5,8 +5,6 @@ sweep finds a delivery whose task was lost."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,11 +18,12 @@ from sqlalchemy import update
 from standardwebhooks import Webhook
 
 from tests.conftest import tiny_spec
-from tests.webhooks.support import Receiver, point_at, post_events
+from tests.support.processes import CeleryWorker
+from tests.support.receivers import Receiver
+from tests.support.waiting import wait_for
+from tests.webhooks.support import point_at, post_events
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -43,33 +42,24 @@ def live(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[TestClient
     app = create_app()
     with session_scope() as session:
         _, token = tokens.create_admin(session, "tests")
-    log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen(
-        [
-            sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app", "worker", "--beat",
-            "--pool=solo", "--loglevel=INFO", "--without-gossip", "--without-mingle",
-        ],
-        env=dict(os.environ),
-        cwd=REPO,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
     try:
-        with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client:
+        with (
+            CeleryWorker(os.environ, tmp_path / "worker.log"),
+            TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client,
+        ):
             yield client
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-        log.close()
         reset_caches()
 
 
 def deliveries(client: TestClient, hook: dict[str, Any]) -> list[dict[str, Any]]:
     return list(client.get(f"/v1/webhooks/{hook['id']}/deliveries").json()["items"])
+
+
+def newest_delivered(client: TestClient, hook: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The delivery log, once its newest delivery is delivered."""
+    log = deliveries(client, hook)
+    return log if log[0]["status"] == "delivered" else None
 
 
 def test_restart_delivered_by_a_real_worker_within_two_seconds(live: TestClient, receiver: Receiver) -> None:
@@ -103,9 +93,7 @@ def test_restart_delivered_by_a_real_worker_within_two_seconds(live: TestClient,
     assert first.headers["webhook-id"] == second.headers["webhook-id"]
     for request in (first, second):
         Webhook(flaky["secret"]).verify(request.body, request.headers)
-    deadline = time.monotonic() + 5
-    while (log := deliveries(live, flaky))[0]["status"] != "delivered" and time.monotonic() < deadline:
-        time.sleep(0.1)
+    log = wait_for("the retried delivery to be recorded", lambda: newest_delivered(live, flaky), 5)
     assert (log[0]["status"], log[0]["attempts"], log[0]["last_status_code"]) == ("delivered", 2, 200)
 
     # A delivery whose task was lost (no task queued at all) is found by the beat's sweep.

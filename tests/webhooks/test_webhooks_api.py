@@ -10,7 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.webhooks.messages import DEFAULT_EVENT_TYPES
-from tests.webhooks.support import Receiver, post_events
+from tests.support.receivers import Receiver
+from tests.webhooks.support import post_events
 
 
 def test_create_shows_the_secret_once_and_never_again(admin: TestClient, receiver: Receiver) -> None:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,34 +12,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import REDIS_URL, configure_env, require, tiny_spec
-
-
-def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.celery_app:celery_app",
-        "worker",
-        "--beat",
-        "--pool=solo",
-        "--loglevel=INFO",
-        "--without-gossip",
-        "--without-mingle",
-    ]
-    return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+from tests.support.processes import CeleryWorker
+from tests.support.waiting import wait_for
 
 
 def wait_status(client: TestClient, job_id: str, wanted: set[str], timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    body: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        body = client.get(f"/v1/jobs/{job_id}").json()
-        if body["status"] in wanted:
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} stayed {body.get('status')} for {timeout} s (wanted {wanted})")
+    def reached() -> dict[str, Any] | None:
+        body: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+        return body if body["status"] in wanted else None
+
+    return dict(wait_for(f"job {job_id} to be one of {sorted(wanted)}", reached, timeout, interval=0.2))
 
 
 @pytest.fixture(params=["redis", "embedded"])
@@ -67,13 +46,11 @@ def worker_client(
     app = create_app()
     with session_scope() as session:
         _, token = tokens.create_admin(session, "tests")
-    worker = start_worker(dict(os.environ), tmp_path / "worker.log")
-    try:
-        with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client:
-            yield client
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
+    with (
+        CeleryWorker(os.environ, tmp_path / "worker.log"),
+        TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client,
+    ):
+        yield client
 
 
 def test_submitted_job_runs_to_success_through_the_worker(worker_client: TestClient) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from api.schemas.spec import JobSpec
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 from workers.backends.base import AttemptPhase, AttemptStatus, FaultRequest, LaunchRequest
 from workers.backends.local import LocalBackend, process_start_time
 
