@@ -1,26 +1,32 @@
 """What one reading of an attempt (its Job, pods and Events) means: an `AttemptStatus` with a structured cause.
 
-`AttemptView` decides the phase (pending, running, succeeded, failed) and, for a
-failure, which pod's failure is the cause: a lost or evicted node explains the
+`AttemptView` decides the phase (pending, running, succeeded, failed), reports
+`scheduled` and `running` once every pod got there, and, for a failure, which
+pod's failure is the cause (`failures`): a lost or evicted node explains the
 ranks that failed after it, so node-level failures come first, then the
-earliest. Each cause is a `Cause` made here, where the facts are known: its class
-(crash for an exit code or OOM kill, node for a lost node, preempted for an
-eviction, scheduling for what keeps pods from starting) and its facts (node,
-exit code, signal, Kubernetes' reason). Failures become idempotent
-`ObservedEvent`s keyed by the pod's uid.
+earliest. What keeps pods from starting (unschedulable, refused, an image that
+cannot be pulled) is a `scheduling` cause: pending while Kubernetes may still
+succeed, failed once it cannot.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from api.schemas.causes import Cause, CauseClass, signal_name
+from api.schemas.causes import Cause, CauseClass
 from api.schemas.spec import JobSpec
 from workers.backends.base import AttemptPhase, AttemptStatus, ObservedEvent
+from workers.backends.kubernetes.failures import (
+    Failure,
+    cause,
+    injected_loss,
+    node_loss_event,
+    pod_cause,
+    vanished_cause,
+)
 from workers.backends.kubernetes.objects import (
     completion_index,
     condition,
@@ -34,18 +40,6 @@ from workers.backends.kubernetes.objects import (
     true_conditions,
 )
 
-# Why a pod or its node went away, as Kubernetes words it.
-NODE_LEVEL_POD_REASONS = frozenset(
-    {"Evicted", "NodeLost", "Shutdown", "Terminated", "NodeShutdown", "UnexpectedAdmissionError"}
-)
-NODE_LEVEL_DISRUPTIONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC", "TerminationByKubelet"})
-NODE_LOSS_EVENT_REASONS = ("NodeNotReady", "NodeLost", "NodeShutdown", "TaintManagerEviction")
-# Of those, the ones where the node was taken away on purpose (a node-pressure eviction, a graceful
-# node shutdown for a drain or a spot interruption, the scheduler making room): the attempt was
-# preempted. Any other node-level reason says the node itself was lost or broken.
-PREEMPTION_REASONS = frozenset(
-    {"Evicted", "Shutdown", "Terminated", "NodeShutdown", "TerminationByKubelet", "PreemptionByScheduler"}
-)
 IMAGE_ERRORS_PERMANENT = frozenset({"InvalidImageName", "ErrImageNeverPull"})
 # Waiting reasons that may clear up by themselves (a registry hiccup, a Secret or PVC not there yet).
 STUCK_WAITING_REASONS = frozenset(
@@ -59,52 +53,6 @@ STUCK_WAITING_REASONS = frozenset(
 )
 
 _ASSIGNED = re.compile(r"Successfully assigned \S+ to (\S+)")
-
-
-def cause(cause_class: CauseClass, message: str, **facts: Any) -> Cause:
-    """A cause with the facts that are known (those given as None are left out)."""
-    return Cause(cause_class, message, {k: v for k, v in facts.items() if v is not None})
-
-
-def node_cause_class(reason: str) -> CauseClass:
-    """The class of a node-level failure, by Kubernetes' reason for it."""
-    return CauseClass.preempted if reason in PREEMPTION_REASONS else CauseClass.node
-
-
-def exit_signal(code: int | None) -> str | None:
-    """The signal a container's exit code says ended it: container runtimes report 128 + its number."""
-    if code is None or not 128 < code <= 128 + 64:
-        return None
-    return signal_name(code - 128)
-
-
-@dataclass
-class Failure:
-    """A pod of the attempt that failed or went away, and why (`cause.facts["reason"]`: Kubernetes' word)."""
-
-    pod: str
-    uid: str
-    index: int | None
-    node: str | None
-    cause: Cause
-    node_level: bool
-    at: datetime | None = None
-
-    @property
-    def reason(self) -> str:
-        return str(self.cause.facts["reason"])
-
-    def event(self) -> ObservedEvent:
-        details: dict[str, Any] = {**self.cause.details(), "pod": self.pod}
-        if self.index is not None:
-            details["node_rank"] = self.index
-        if self.at:
-            details["ts"] = iso(self.at)
-        if self.node_level:
-            key, kind = f"k8s:{self.uid}:node_failed", "node_failed"
-        else:
-            key, kind = f"k8s:{self.uid}:{self.reason}", "rank_failed"
-        return ObservedEvent(key=key, type=kind, node=self.node, details=details)
 
 
 class AttemptView:
@@ -168,74 +116,17 @@ class AttemptView:
                 return str(host)
         return None
 
-    def _node_loss_event(self, pod_name: str) -> dict[str, Any] | None:
-        """The most telling Event of a node going away (NodeNotReady says more than the eviction after it)."""
-        events = self.pod_events.get(pod_name, [])
-        found = [ev for ev in events if ev.get("reason") in NODE_LOSS_EVENT_REASONS]
-        return min(found, key=lambda ev: NODE_LOSS_EVENT_REASONS.index(ev["reason"]), default=None)
-
     def _pod_failure(self, pod: dict[str, Any]) -> Failure | None:
         meta = pod["metadata"]
         name = meta["name"]
         node = self._node_of(name, pod)
-        found = self._pod_cause(pod, node)
+        loss = node_loss_event(self.pod_events.get(name, []))
+        found = pod_cause(pod, node, injected=name in self.injected, loss=loss)
         if found is None:
             return None
         term = (trainer_status(pod).get("state") or {}).get("terminated")
         at = parse_ts((term or {}).get("finishedAt")) or parse_ts(meta.get("deletionTimestamp"))
         return Failure(name, meta.get("uid", name), completion_index(pod), node, *found, at=at)
-
-    def _pod_cause(self, pod: dict[str, Any], node: str | None) -> tuple[Cause, bool] | None:
-        """Why this pod failed, and whether its node is to blame; None while it has not failed."""
-        meta, status = pod["metadata"], pod.get("status", {})
-        name = meta["name"]
-        on_node = f" on node {node}" if node else ""
-        pod_phase = status.get("phase")
-        disruption = condition(pod, "DisruptionTarget") or {}
-        disruption_reason = disruption.get("reason", "")
-        term = (trainer_status(pod).get("state") or {}).get("terminated")
-
-        if name in self.injected:
-            return self._injected_loss(name, node), True
-        if pod_phase == "Failed":
-            reason = status.get("reason") or ""
-            message = status.get("message") or disruption.get("message") or ""
-            if reason == "Evicted":
-                text = f"pod evicted{on_node}: {message}".rstrip(": ")
-                return cause(CauseClass.preempted, text, node=node, reason="Evicted"), True
-            if reason in NODE_LEVEL_POD_REASONS or disruption_reason in NODE_LEVEL_DISRUPTIONS:
-                why = reason or disruption_reason
-                text = f"node {node or '?'} failed ({why}): {message}".rstrip(": ")
-                return cause(node_cause_class(why), text, node=node, reason=why), True
-            if term:
-                code = term.get("exitCode")
-                treason = term.get("reason") or ""
-                shown = f" ({treason})" if treason and treason not in ("Error", "Completed") else ""
-                text = f"exit code {code}{shown}{on_node}"
-                cls = CauseClass.crash
-                if disruption_reason == "PreemptionByScheduler":
-                    text += " (preempted by a higher-priority pod)"
-                    cls = CauseClass.preempted
-                facts = {"node": node, "reason": treason or "Error", "exit_code": code, "signal": exit_signal(code)}
-                return cause(cls, text, **facts), False
-            said = f": {reason} {message}".rstrip() if reason or message else ""
-            text = f"pod {name} failed{on_node}{said}"
-            return cause(CauseClass.other, text, node=node, reason=reason or "Failed"), False
-        if pod_phase == "Unknown":
-            text = f"node {node or '?'} stopped responding (pod {name} is in phase Unknown)"
-            return cause(CauseClass.node, text, node=node, reason="NodeLost"), True
-        if meta.get("deletionTimestamp"):
-            loss = self._node_loss_event(name)
-            if disruption_reason in NODE_LEVEL_DISRUPTIONS or loss:
-                why = disruption_reason or (loss or {}).get("reason", "NodeLost")
-                text = f"node {node or '?'} lost ({why}): pod {name} is being deleted"
-                return cause(node_cause_class(why), text, node=node, reason="NodeLost"), True
-        return None
-
-    @staticmethod
-    def _injected_loss(name: str, node: str | None) -> Cause:
-        text = f"node {node or '?'} lost: pod {name} deleted by an injected node_loss fault"
-        return cause(CauseClass.node, text, node=node, reason="NodeLost")
 
     def _vanished_failures(self, present: set[str]) -> tuple[list[Failure], list[Failure]]:
         """Pods of this attempt that are gone but left Events (or an injected-fault record).
@@ -256,18 +147,14 @@ class AttemptView:
             uid = uids[0] if uids else name
             at = event_time(events[-1]) if events else None
             if name in self.injected:
-                out.append(Failure(name, uid, index, node, self._injected_loss(name, node), True, at=at))
+                out.append(Failure(name, uid, index, node, injected_loss(name, node), True, at=at))
                 continue
-            loss = self._node_loss_event(name)
-            if loss:
-                said = loss.get("message") or "pod deleted"
-                text = f"node {node or '?'} lost ({loss.get('reason')}): {said}"
-                lost = cause(node_cause_class(loss["reason"]), text, node=node, reason="NodeLost")
-                out.append(Failure(name, uid, index, node, lost, True, at=event_time(loss)))
+            loss = node_loss_event(events)
+            why, node_level = vanished_cause(name, node, loss)
+            if node_level:
+                out.append(Failure(name, uid, index, node, why, True, at=event_time(loss) if loss else at))
             else:
-                text = f"pod {name}{' on node ' + node if node else ''} was deleted before it finished"
-                gone = cause(CauseClass.other, text, node=node, reason="Deleted")
-                deleted.append(Failure(name, uid, index, node, gone, False, at=at))
+                deleted.append(Failure(name, uid, index, node, why, False, at=at))
         return out, deleted
 
     def _failing(self) -> dict[str, Any] | None:
