@@ -20,13 +20,22 @@ from api.core.queue import celery_config
 kombu_sqlalchemy.Transport.polling_interval = 0.1
 
 TASK_MODULES = [
-    "workers.tasks.submit",
-    "workers.tasks.supervise",
-    "workers.tasks.cancel",
-    "workers.tasks.faults",
+    "workers.tasks.jobs",
+    "workers.tasks.duties",
     "workers.tasks.webhooks",
     "workers.tasks.housekeeping",
 ]
+
+# The supervision duties (workers/tasks/duties.py), each its own beat entry at the supervision period.
+DUTY_TASKS = (
+    "ftplane.launch_attempts",
+    "ftplane.reconcile_attempts",
+    "ftplane.detect_silent_ranks",
+    "ftplane.deliver_faults",
+    "ftplane.time_out_pending_attempts",
+    "ftplane.cancel_jobs",
+    "ftplane.release_finished_jobs",
+)
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -45,10 +54,13 @@ def configure(app: Celery, settings: Settings) -> None:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         beat_schedule={
-            "supervise-jobs": {
-                "task": "ftplane.supervise_jobs",
-                "schedule": settings.supervise_interval_s,
-                "options": {"expires": settings.supervise_interval_s * 3},
+            **{
+                task.removeprefix("ftplane.").replace("_", "-"): {
+                    "task": task,
+                    "schedule": settings.supervise_interval_s,
+                    "options": {"expires": settings.supervise_interval_s * 3},
+                }
+                for task in DUTY_TASKS
             },
             "purge-consumed-messages": {
                 "task": "ftplane.purge_consumed_messages",

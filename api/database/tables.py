@@ -71,6 +71,8 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # When an ended job's leftovers (processes, pods, Secrets, tokens) were released.
+    released_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Attempt(Base):
@@ -141,7 +143,7 @@ class ApiToken(Base):
 
 
 class PendingFault(Base):
-    """A fault the trainer itself must inject (delivered with heartbeat replies)."""
+    """The fault outbox: every requested fault, until it is delivered to whoever injects it (`delivery`)."""
 
     __tablename__ = "pending_faults"
 
@@ -151,6 +153,7 @@ class PendingFault(Base):
     kind: Mapped[str] = mapped_column(String(16))
     rank: Mapped[int] = mapped_column(Integer)
     at_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    delivery: Mapped[str] = mapped_column(String(16))  # api.models.faults.Delivery
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     delivered_at: Mapped[datetime | None] = mapped_column(default=None)
 

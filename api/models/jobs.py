@@ -6,14 +6,16 @@ import base64
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from api.core.security import new_id
 from api.database.tables import Attempt, Job
 from api.schemas.events import utcnow
 from api.schemas.spec import JobSpec
+from api.schemas.status import AttemptStatus, JobStatus
 
 
 def create(session: Session, spec: JobSpec) -> Job:
@@ -22,7 +24,7 @@ def create(session: Session, spec: JobSpec) -> Job:
         id=new_id(),
         name=spec.name,
         backend=spec.backend,
-        status="PENDING",
+        status=JobStatus.PENDING,
         spec=spec.model_dump(mode="json"),
         labels=dict(spec.labels),
         attempt=0,
@@ -34,7 +36,7 @@ def create(session: Session, spec: JobSpec) -> Job:
     )
     session.add(job)
     session.flush()  # the attempt row references the job
-    session.add(Attempt(job_id=job.id, number=0, status="PENDING", created_at=now))
+    session.add(Attempt(job_id=job.id, number=0, status=AttemptStatus.PENDING, created_at=now))
     session.flush()
     return job
 
@@ -103,3 +105,47 @@ def page(
 
 def active(session: Session, statuses: Sequence[str]) -> list[Job]:
     return list(session.scalars(select(Job).where(Job.status.in_(list(statuses))).order_by(Job.created_at)))
+
+
+# ---- what each supervision duty works on (ids only: a duty locks and reads each job on its own) ----------
+
+
+def ids(session: Session, query: Select[Any]) -> list[str]:
+    return list(session.scalars(query.order_by(Job.created_at)))
+
+
+def to_launch(session: Session, submitted_before: datetime) -> list[str]:
+    """PENDING jobs whose submit task has not run by now, and active jobs whose current attempt is not launched."""
+    unlaunched = select(Attempt.job_id).where(
+        Attempt.job_id == Job.id, Attempt.number == Job.attempt, Attempt.status == AttemptStatus.PENDING
+    )
+    return ids(
+        session,
+        select(Job.id).where(
+            ~Job.cancel_requested,
+            or_(
+                and_(Job.status == JobStatus.PENDING, Job.created_at < submitted_before),
+                and_(Job.status.in_(_ACTIVE), unlaunched.exists()),
+            ),
+        ),
+    )
+
+
+def with_current_attempt_in(session: Session, statuses: Sequence[str]) -> list[str]:
+    """Active jobs, not being cancelled, whose current attempt has one of `statuses`."""
+    current = select(Attempt.job_id).where(
+        Attempt.job_id == Job.id, Attempt.number == Job.attempt, Attempt.status.in_(list(statuses))
+    )
+    return ids(session, select(Job.id).where(Job.status.in_(_ACTIVE), ~Job.cancel_requested, current.exists()))
+
+
+def to_cancel(session: Session) -> list[str]:
+    return ids(session, select(Job.id).where(Job.cancel_requested, Job.status.in_(_ACTIVE)))
+
+
+def to_release(session: Session) -> list[str]:
+    return ids(session, select(Job.id).where(Job.status.in_(_TERMINAL), Job.released_at.is_(None)))
+
+
+_ACTIVE = [JobStatus.SUBMITTED.value, JobStatus.RUNNING.value, JobStatus.RECOVERING.value]
+_TERMINAL = [JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value]

@@ -80,6 +80,13 @@ class ResiliencySpec(StrictModel):
     initial_heartbeat_timeout_s: float = Field(default=1200, gt=0, le=86400)
     heartbeat_timeout_s: float = Field(default=300, gt=0, le=86400)
     exclude_failed_nodes: bool = True
+    pending_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86400,
+        description="Give up on an attempt that has not started running this long after its launch "
+        "(pods unschedulable, image not pulled); it counts as a failure of the attempt. None: wait forever.",
+    )
 
     @model_validator(mode="after")
     def _heartbeats_outlast_inprocess_restarts(self) -> ResiliencySpec:

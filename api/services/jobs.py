@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from api.core.security import new_id
-from api.database.tables import Job, PendingFault
+from api.database.tables import Job
+from api.models import faults as fault_outbox
 from api.models import jobs as job_store
 from api.models import tokens
+from api.schemas.causes import Cause, CauseClass
 from api.schemas.jobs import FaultIn, FaultOut
 from api.schemas.spec import JobSpec
-from api.services.lifecycle import TERMINAL, JobStatus, transition
+from api.services import lifecycle
+from api.services.lifecycle import TERMINAL, JobStatus
 
 
 def submit(session: Session, spec: JobSpec) -> tuple[Job, str]:
@@ -25,33 +27,24 @@ def request_cancel(session: Session, job: Job) -> bool:
     if JobStatus(job.status) in TERMINAL:
         return False
     if job.status == JobStatus.PENDING:
-        transition(session, job, JobStatus.CANCELLED, cause="cancelled before launch")
+        attempt = lifecycle.current_attempt(session, job)
+        lifecycle.cancel(session, job, attempt, Cause(CauseClass.cancelled, "cancelled before launch"))
         return False
     job.cancel_requested = True
     return True
 
 
 def request_fault(session: Session, job: Job, fault: FaultIn) -> FaultOut:
-    """Faults the backend can inject now go to the inject task; the rest ride on heartbeat replies."""
-    fault_id = new_id()
-    by_backend = fault.now and fault.kind in ("crash", "hang", "node_loss")
-    # Stored either way (an outbox): a lost inject task is made good by the next supervision pass.
-    session.add(
-        PendingFault(
-            id=fault_id,
-            job_id=job.id,
-            attempt=job.attempt,
-            kind=fault.kind,
-            rank=fault.rank,
-            at_step=None if by_backend else fault.at_step,
-        )
+    """Stored in the fault outbox either way: a lost inject task is made good by the next supervision pass."""
+    row = fault_outbox.request(
+        session, job.id, job.attempt, kind=fault.kind, rank=fault.rank, at_step=fault.at_step, now=fault.now
     )
     return FaultOut(
-        id=fault_id,
+        id=row.id,
         job_id=job.id,
         attempt=job.attempt,
         kind=fault.kind,
         rank=fault.rank,
         at_step=fault.at_step,
-        delivery="backend" if by_backend else "trainer",
+        delivery=fault_outbox.Delivery(row.delivery).value,
     )

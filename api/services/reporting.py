@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from api.database.tables import Event, Job, PendingFault
+from api.database.tables import Event, Job
 from api.models import events as event_store
+from api.models import faults as fault_outbox
 from api.models import liveness
 from api.schemas.events import (
     MAX_EVENTS_PER_BATCH,
@@ -15,7 +15,6 @@ from api.schemas.events import (
     EventType,
     FaultDirective,
     HeartbeatBatch,
-    utcnow,
 )
 from api.services import lifecycle, notifications
 
@@ -28,7 +27,9 @@ def ingest_events(session: Session, job: Job, batch: EventBatch) -> tuple[list[E
         reported = by_key[row.key]
         lifecycle.apply_reported_event(session, job, reported)
         if row.type == EventType.fault_injected:
-            _mark_fault_fired(session, job.id, reported)
+            fault_id = reported.details.get("fault_id") or reported.details.get("id")
+            if isinstance(fault_id, str):
+                fault_outbox.mark_fired(session, job.id, fault_id)
     notifications.events_stored(session, job, stored)
     return stored, len({e.key for e in batch.events}) - len(stored)
 
@@ -50,31 +51,6 @@ def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tupl
     accepted = liveness.record_heartbeats(session, job.id, attempt, batch.heartbeats)
     notifications.heartbeats_ingested(accepted)
     ranks = {b.rank for b in batch.heartbeats}
-    pending = session.scalars(
-        select(PendingFault).where(
-            PendingFault.job_id == job.id,
-            PendingFault.attempt == attempt,
-            PendingFault.delivered_at.is_(None),
-        )
-    ).all()
-    faults = [
-        FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step)
-        for f in pending
-        if f.rank in ranks and not by_backend(f)
-    ]
+    pending = fault_outbox.undelivered(session, job.id, attempt, fault_outbox.Delivery.trainer, ranks=ranks)
+    faults = [FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step) for f in pending]
     return accepted, faults
-
-
-def by_backend(fault: PendingFault) -> bool:
-    """Faults the backend injects itself, now (signals, pod deletion); the trainer injects the rest."""
-    return fault.at_step is None and fault.kind != "exception"
-
-
-def _mark_fault_fired(session: Session, job_id: str, event: EventIn) -> None:
-    fault_id = event.details.get("fault_id") or event.details.get("id")
-    if isinstance(fault_id, str):
-        session.execute(
-            update(PendingFault)
-            .where(PendingFault.job_id == job_id, PendingFault.id == fault_id)
-            .values(delivered_at=utcnow())
-        )

@@ -10,14 +10,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.schemas.events import MAX_EVENTS_PER_BATCH
-from tests.workers.test_supervision import ScriptedBackend, supervise
+from tests.support.supervision import ScriptedBackend, supervise, use_backend
 
 
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch, app: Any) -> ScriptedBackend:
     scripted = ScriptedBackend()
-    for module in ("workers.supervision.launching", "workers.supervision.restarts", "workers.supervision.reconcile"):
-        monkeypatch.setattr(f"{module}.get_backend", lambda name: scripted)
+    use_backend(monkeypatch, scripted)
     return scripted
 
 

@@ -79,7 +79,7 @@ def test_crash_is_restarted_in_job_then_budget_ends_it(backend: LocalBackend) ->
         "failure", lambda: (s := backend.status("job1", 0, job_spec)).phase == AttemptPhase.failed and s, interval=0.2
     )
     assert isinstance(ended, AttemptStatus)
-    assert "in-job restart budget (1) spent" in (ended.cause or "")
+    assert ended.cause is not None and "in-job restart budget (1) spent" in ended.cause.message
 
 
 def test_restarted_worker_readopts_and_cancel_ends_the_tree(backend: LocalBackend, tmp_path: Path) -> None:

@@ -2,80 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from api.schemas.spec import JobSpec
-from workers.backends.base import AttemptPhase, AttemptStatus, FaultRequest, LaunchRequest, ObservedEvent
-
-
-@dataclass
-class ScriptedBackend:
-    """Reports whatever status the test sets per attempt; records launches and cancels."""
-
-    name: str = "local"
-    statuses: dict[int, AttemptStatus] = field(default_factory=dict)
-    launches: list[LaunchRequest] = field(default_factory=list)
-    cancels: list[int] = field(default_factory=list)
-    fail_launch: bool = False
-    retryable: bool = False
-    released: list[str] = field(default_factory=list)
-    faults: list[FaultRequest] = field(default_factory=list)
-
-    def render(self, request: LaunchRequest) -> str:
-        return "scripted"
-
-    def launch(self, request: LaunchRequest) -> None:
-        if self.fail_launch:
-            error = RuntimeError("cluster unreachable")
-            error.retryable = self.retryable  # type: ignore[attr-defined]
-            raise error
-        self.launches.append(request)
-
-    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
-        return self.statuses.get(attempt, AttemptStatus(AttemptPhase.running))
-
-    def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
-        self.faults.append(fault)
-
-    def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
-        self.cancels.append(attempt)
-
-    def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:
-        self.released.append(job_id)
+from api.schemas.causes import Cause, CauseClass
+from tests.support.supervision import ScriptedBackend, last_seen, supervise, use_backend
+from workers.backends.base import AttemptPhase, AttemptStatus, ObservedEvent
 
 
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch, app: Any) -> ScriptedBackend:
     scripted = ScriptedBackend()
-    modules = ("launching", "restarts", "reconcile", "faults")
-    for module in (f"workers.supervision.{name}" for name in modules):
-        monkeypatch.setattr(f"{module}.get_backend", lambda name: scripted)
+    use_backend(monkeypatch, scripted)
     return scripted
 
 
-def supervise(job_id: str, **kwargs: Any) -> None:
-    from api.core.db import session_scope
-    from workers.supervision.reconcile import supervise_job
-
-    with session_scope() as session:
-        supervise_job(session, job_id, **kwargs)
-
-
-def last_seen(job_id: str, silent_s: dict[int, float], now: datetime) -> None:
-    """Date each rank's last heartbeat `silent_s[rank]` seconds before `now`."""
-    from api.core.db import session_scope
-    from api.database.tables import RankLiveness
-
-    with session_scope() as session:
-        for rank, seconds in silent_s.items():
-            row = session.get(RankLiveness, (job_id, rank))
-            assert row is not None
-            row.last_seen = now - timedelta(seconds=seconds)
+EXIT_1 = Cause(CauseClass.crash, "exit code 1", {"exit_code": 1})
 
 
 def types(admin: TestClient, job_id: str) -> list[str]:
@@ -148,7 +93,7 @@ def test_failure_climbs_to_job_restart_excluding_the_node_then_budget_ends_it(
     supervise(job["id"], force_launch=True)
     backend.statuses[0] = AttemptStatus(
         AttemptPhase.failed,
-        cause="exit code 137 (OOMKilled) on node n7",
+        cause=Cause(CauseClass.crash, "exit code 137 (OOMKilled) on node n7", {"exit_code": 137}),
         in_job_restarts=2,
         failed_nodes=("n7",),
         events=[ObservedEvent(key="obs-1", type="rank_failed", rank=1, node="n7", details={"cause": "exit 137"})],
@@ -169,7 +114,7 @@ def test_failure_climbs_to_job_restart_excluding_the_node_then_budget_ends_it(
     assert restart["attempt"] == 1 and "OOMKilled" in restart["details"]["cause"]
 
     admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"attempt": 1, "heartbeats": [{"rank": 0, "step": 5}]})
-    backend.statuses[1] = AttemptStatus(AttemptPhase.failed, cause="exit code 1")
+    backend.statuses[1] = AttemptStatus(AttemptPhase.failed, cause=EXIT_1)
     supervise(job["id"])
     body = admin.get(f"/v1/jobs/{job['id']}").json()
     assert body["status"] == "FAILED"
@@ -185,7 +130,7 @@ def test_restart_loop_without_progress_fails_before_the_budget_is_spent(
     for attempt in range(5):
         beats = {"attempt": attempt, "heartbeats": [{"rank": 0, "step": 7}]}
         admin.post(f"/v1/jobs/{job['id']}/heartbeats", json=beats)
-        backend.statuses[attempt] = AttemptStatus(AttemptPhase.failed, cause="exit code 1")
+        backend.statuses[attempt] = AttemptStatus(AttemptPhase.failed, cause=EXIT_1)
         supervise(job["id"])
         if admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "FAILED":
             break
@@ -201,7 +146,7 @@ def test_progress_between_failures_keeps_restarting(admin: TestClient, make_job:
     for attempt in range(4):
         beats = {"attempt": attempt, "heartbeats": [{"rank": 0, "step": 10 * (attempt + 1)}]}
         admin.post(f"/v1/jobs/{job['id']}/heartbeats", json=beats)
-        backend.statuses[attempt] = AttemptStatus(AttemptPhase.failed, cause="exit code 1")
+        backend.statuses[attempt] = AttemptStatus(AttemptPhase.failed, cause=EXIT_1)
         supervise(job["id"])
     body = admin.get(f"/v1/jobs/{job['id']}").json()
     assert body["status"] == "RECOVERING" and body["attempt"] == 4

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from api.schemas.causes import Cause
 from api.schemas.spec import JobSpec
+from api.services import lifecycle
 
 
 class AttemptPhase(StrEnum):
@@ -103,6 +104,7 @@ def trainer_environment(request: LaunchRequest) -> dict[str, str]:
     (process environment for local, a Secret reference on Kubernetes).
     """
     spec = request.spec
+    budgets = lifecycle.budgets(spec)
     env = dict(spec.env)
     env.update(
         {
@@ -112,13 +114,15 @@ def trainer_environment(request: LaunchRequest) -> dict[str, str]:
             "FTPLANE_CHECKPOINT_ENGINE": spec.checkpoint.engine,
             "FTPLANE_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval_steps),
             "FTPLANE_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
-            "FTPLANE_INPROCESS": "1" if spec.resiliency.inprocess.enabled else "0",
-            "FTPLANE_INPROCESS_SOFT_TIMEOUT_S": str(spec.resiliency.inprocess.soft_timeout_s),
-            "FTPLANE_INPROCESS_HARD_TIMEOUT_S": str(spec.resiliency.inprocess.hard_timeout_s),
-            "FTPLANE_INPROCESS_MAX_ITERATIONS": str(spec.resiliency.inprocess.max_iterations),
+            "FTPLANE_INPROCESS": "1" if budgets.inprocess else "0",
             "FTPLANE_FAULTS": json.dumps([f.model_dump() for f in spec.faults]),
         }
     )
+    if budgets.inprocess:
+        inprocess = spec.resiliency.inprocess
+        env["FTPLANE_INPROCESS_SOFT_TIMEOUT_S"] = str(inprocess.soft_timeout_s)
+        env["FTPLANE_INPROCESS_HARD_TIMEOUT_S"] = str(inprocess.hard_timeout_s)
+        env["FTPLANE_INPROCESS_MAX_ITERATIONS"] = str(budgets.inprocess)
     if spec.checkpoint.dir:
         env["FTPLANE_CHECKPOINT_DIR"] = spec.checkpoint.dir
     return env
@@ -127,6 +131,7 @@ def trainer_environment(request: LaunchRequest) -> dict[str, str]:
 def launcher_arguments(spec: JobSpec, *, nnodes: int, rdzv_endpoint: str, rdzv_id: str) -> list[str]:
     """The `ft_launcher` command line shared by the backends (flags common to NVRx 0.4 and 0.7)."""
     r = spec.resiliency
+    in_job_budget = lifecycle.budgets(spec).in_job
     return [
         "ft_launcher",
         f"--nnodes={nnodes}",
@@ -134,7 +139,7 @@ def launcher_arguments(spec: JobSpec, *, nnodes: int, rdzv_endpoint: str, rdzv_i
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--rdzv-id={rdzv_id}",
-        f"--max-restarts={r.max_in_job_restarts}",
+        f"--max-restarts={in_job_budget}",
         f"--ft-initial-rank-heartbeat-timeout={r.initial_heartbeat_timeout_s}",
         f"--ft-rank-heartbeat-timeout={r.heartbeat_timeout_s}",
         "--ft-restart-policy=any-failed",

@@ -25,7 +25,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from api.core.config import get_settings
+from api.schemas.causes import Cause, CauseClass, describe_exit, signal_name
 from api.schemas.spec import JobSpec
+from api.services import lifecycle
 from workers.backends.base import (
     AttemptPhase,
     AttemptStatus,
@@ -49,15 +51,6 @@ LOG_TAIL_BYTES = 64 * 1024
 TERMINATE_GRACE_S = 10.0
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -72,10 +65,16 @@ class RankExit:
     silent_s: float | None = None  # set when ft_launcher killed the rank for no heartbeat in this long
 
     @property
-    def cause(self) -> str:
+    def cause(self) -> Cause:
+        """Why this rank ended, as the launcher saw it: killed for silence (a hang), or its exit."""
+        facts: dict[str, object] = {"rank": self.local_rank, "exit_code": self.exit_code, "pid": self.pid}
+        if self.exit_code < 0:
+            facts["signal"] = signal_name(-self.exit_code)
         if self.silent_s is not None:
-            return f"{describe_exit(self.exit_code)} (ft_launcher: no heartbeat for {self.silent_s:g} s)"
-        return describe_exit(self.exit_code)
+            facts["silent_s"] = self.silent_s
+            text = f"{describe_exit(self.exit_code)} (ft_launcher: no heartbeat for {self.silent_s:g} s)"
+            return Cause(CauseClass.hang, text, facts)
+        return Cause(CauseClass.crash, describe_exit(self.exit_code), facts)
 
 
 def parse_launcher_log(log: str) -> list[list[RankExit]]:
@@ -97,7 +96,7 @@ def parse_launcher_log(log: str) -> list[list[RankExit]]:
     return rounds
 
 
-def root_cause(failures: list[RankExit]) -> str | None:
+def root_cause(failures: list[RankExit]) -> Cause | None:
     """A rank killed for silence, else one killed by a signal, is the root cause; ranks that then exit 1 on a
     broken collective, or are killed as the worker group is torn down, are collateral."""
     if not failures:
@@ -105,7 +104,11 @@ def root_cause(failures: list[RankExit]) -> str | None:
     silent = [f for f in failures if f.silent_s is not None]
     signalled = [f for f in failures if f.exit_code < 0]
     first = (silent or signalled or failures)[0]
-    return f"rank {first.local_rank} {first.cause}"
+    cause = first.cause
+    return cause.with_message(f"rank {first.local_rank} {cause.message}")
+
+
+GROUP_FAILED = Cause(CauseClass.unknown, "worker group failed")
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,9 @@ class LocalBackend:
         run = self.attempt_dir(job_id, attempt)
         record = run.launched()
         if record is None:
-            return AttemptStatus(AttemptPhase.missing, cause="no launch record for this attempt on this host")
+            return AttemptStatus(
+                AttemptPhase.missing, cause=Cause(CauseClass.unknown, "no launch record for this attempt on this host")
+            )
         rounds = parse_launcher_log(run.log_text())
         node = socket.gethostname()
         events = [
@@ -320,13 +325,13 @@ class LocalBackend:
                 type="rank_failed",
                 rank=f.local_rank,
                 node=node,
-                details={"cause": f.cause, "exit_code": f.exit_code, "pid": f.pid, "source": "launcher"},
+                details={**f.cause.details(), "source": "launcher"},
             )
             for failures in rounds
             for f in failures
         ]
         restarts = len(rounds) - 1
-        causes = tuple(root_cause(r) or "worker group failed" for r in rounds[:-1])
+        causes = tuple(root_cause(r) or GROUP_FAILED for r in rounds[:-1])
         last_cause = next((root_cause(r) for r in reversed(rounds) if r), None)
         code = run.exit_code()
         if code is not None:
@@ -334,10 +339,12 @@ class LocalBackend:
                 return AttemptStatus(
                     AttemptPhase.succeeded, in_job_restarts=restarts, restart_causes=causes, events=events
                 )
-            budget = spec.resiliency.max_in_job_restarts
-            cause = f"ft_launcher exited with {describe_exit(code)}"
+            text = f"ft_launcher exited with {describe_exit(code)}"
+            cause = Cause(CauseClass.crash, text, {"exit_code": code})
             if last_cause:
-                cause += f" after rank failure ({last_cause}); in-job restart budget ({budget}) spent"
+                budget = lifecycle.budgets(spec).in_job
+                text += f" after rank failure ({last_cause.message}); in-job restart budget ({budget}) spent"
+                cause = last_cause.with_message(text)
             return AttemptStatus(
                 AttemptPhase.failed, cause=cause, in_job_restarts=restarts, restart_causes=causes, events=events
             )
@@ -347,7 +354,9 @@ class LocalBackend:
             )
         return AttemptStatus(
             AttemptPhase.failed,
-            cause="the launcher process disappeared without an exit code (host restart or killed)",
+            cause=Cause(
+                CauseClass.node, "the launcher process disappeared without an exit code (host restart or killed)"
+            ),
             in_job_restarts=restarts,
             restart_causes=causes,
             events=events,

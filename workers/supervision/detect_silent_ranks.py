@@ -1,4 +1,7 @@
-"""Detect ranks that stopped heartbeating: hang_detected past the spec's timeout.
+"""Duty: detect ranks that stopped heartbeating: hang_detected past the spec's timeout.
+
+It reads the database only (rank liveness and events), so it never waits on a backend: a hang is
+found while the cluster's API cannot be read. It watches attempts that were seen running.
 
 The in-pod launcher restarts a hung rank on its own (same timeouts); when a hang
 outlives twice the timeout, the launcher could not recover it and the
@@ -21,12 +24,17 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
+from api.core import queue
 from api.database.tables import Attempt, Job, RankLiveness
 from api.models import events as event_store
+from api.models import jobs as job_store
 from api.models import liveness
+from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
-from api.services import reporting
+from api.services import lifecycle, notifications, reporting
+from api.services.lifecycle import AttemptStatus
+from workers.supervision.batch import for_each_job
 
 # Reports after which ranks are expected to go quiet for a while: they are being restarted.
 RESTART_MARKERS = (EventType.rank_failed, EventType.inprocess_restart, EventType.injob_restart)
@@ -39,6 +47,26 @@ HUNG_BEFORE_RESTART_TOLERANCE_S = 1.0
 class Silence:
     cause: str
     escalate: bool  # silent for twice the timeout: in-job recovery did not work
+    silent_s: float
+
+
+def run_once(session: Session) -> int:
+    return for_each_job(session, job_store.with_current_attempt_in(session, [AttemptStatus.RUNNING]), check, "detect")
+
+
+def check(session: Session, job: Job) -> None:
+    """Record the job's silent ranks; a silence the launcher did not recover climbs the ladder."""
+    attempt = lifecycle.current_attempt(session, job)
+    if attempt.status != AttemptStatus.RUNNING:
+        return
+    lifecycle.highest_step(session, job, attempt)
+    silence = detect(session, job, attempt, lifecycle.spec_of(job))
+    if silence is None or not silence.escalate:
+        return
+    cause = Cause(CauseClass.hang, f"hang not recovered in-job: {silence.cause}", {"silent_s": silence.silent_s})
+    decision = lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause))
+    if not decision.gives_up:  # the launch duty would find it too; this saves waiting for its pass
+        notifications.after_commit(session, lambda: queue.send(queue.SUBMIT_JOB, job.id))
 
 
 def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:
@@ -52,8 +80,10 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
         if waited <= initial:
             return None
         cause = f"no heartbeat from any rank {waited:.1f} s after launch (initial timeout {initial:g} s)"
-        _record(session, job, None, None, f"hang:a{job.attempt}:initial", cause)
-        return Silence(cause, escalate=waited > 2 * initial)
+        # no silent_s: nothing ran yet, so the hang has no onset before its detection (goodput counts the
+        # wait as initialization)
+        reporting.record_events(session, job, [_event(job, None, None, f"hang:a{job.attempt}:initial", cause)])
+        return Silence(cause, escalate=waited > 2 * initial, silent_s=round(waited, 3))
     restarting_since = event_store.latest_ts(session, job.id, job.attempt, RESTART_MARKERS)
 
     def restarting(rank: RankLiveness) -> bool:
@@ -108,7 +138,7 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     if not silent:
         return None
     summary = f"{len(silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
-    return Silence(summary, escalate=overdue > timeout)
+    return Silence(summary, escalate=overdue > timeout, silent_s=round(worst, 3))
 
 
 def _event(
@@ -121,9 +151,9 @@ def _event(
     silent_s: float | None = None,
 ) -> EventIn:
     # silent_s: how long the rank had been quiet (goodput dates the hang's onset by it)
-    details: dict[str, object] = {"cause": cause}
+    facts: dict[str, object] = {"rank": rank} if rank is not None else {}
     if silent_s is not None:
-        details["silent_s"] = silent_s
+        facts["silent_s"] = silent_s
     return EventIn(
         key=key,
         type=EventType.hang_detected,
@@ -131,9 +161,5 @@ def _event(
         rank=rank,
         step=step,
         node=node,
-        details=details,
+        details=Cause(CauseClass.hang, cause, facts).details(),
     )
-
-
-def _record(session: Session, job: Job, rank: int | None, step: int | None, key: str, cause: str) -> None:
-    reporting.record_events(session, job, [_event(job, rank, step, key, cause)])

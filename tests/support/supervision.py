@@ -1,0 +1,94 @@
+"""Supervision duties driven by hand against a scripted backend: every duty's pass, in order, on demand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import pytest
+
+from api.schemas.spec import JobSpec
+from workers.backends.base import AttemptPhase, AttemptStatus, FaultRequest, LaunchRequest
+
+
+@dataclass
+class ScriptedBackend:
+    """Reports whatever status the test sets per attempt; records launches and cancels."""
+
+    name: str = "local"
+    statuses: dict[int, AttemptStatus] = field(default_factory=dict)
+    launches: list[LaunchRequest] = field(default_factory=list)
+    cancels: list[int] = field(default_factory=list)
+    fail_launch: bool = False
+    retryable: bool = False
+    released: list[str] = field(default_factory=list)
+    faults: list[FaultRequest] = field(default_factory=list)
+
+    def render(self, request: LaunchRequest) -> str:
+        return "scripted"
+
+    def launch(self, request: LaunchRequest) -> None:
+        if self.fail_launch:
+            error = RuntimeError("cluster unreachable")
+            error.retryable = self.retryable  # type: ignore[attr-defined]
+            raise error
+        self.launches.append(request)
+
+    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
+        return self.statuses.get(attempt, AttemptStatus(AttemptPhase.running))
+
+    def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
+        self.faults.append(fault)
+
+    def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
+        self.cancels.append(attempt)
+
+    def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:
+        self.released.append(job_id)
+
+
+def use_backend(monkeypatch: pytest.MonkeyPatch, backend: object) -> None:
+    """Every duty gets its backend through `workers.backends.get_backend`."""
+    monkeypatch.setattr("workers.backends.get_backend", lambda name: backend)
+
+
+def supervise(job_id: str | None = None, *, force_launch: bool = False) -> None:
+    """With force_launch, what the submit task does for `job_id`; else one pass of every duty, in order."""
+    from api.core.db import session_scope
+    from workers.supervision import (
+        cancel_jobs,
+        deliver_faults,
+        detect_silent_ranks,
+        launch_attempts,
+        reconcile_attempts,
+        release_finished_jobs,
+        time_out_pending,
+    )
+
+    with session_scope() as session:
+        if force_launch:
+            assert job_id is not None
+            launch_attempts.launch(session, job_id)
+            return
+        for duty in (
+            launch_attempts,
+            reconcile_attempts,
+            detect_silent_ranks,
+            deliver_faults,
+            time_out_pending,
+            cancel_jobs,
+            release_finished_jobs,
+        ):
+            duty.run_once(session)
+
+
+def last_seen(job_id: str, silent_s: dict[int, float], now: datetime) -> None:
+    """Date each rank's last heartbeat `silent_s[rank]` seconds before `now`."""
+    from api.core.db import session_scope
+    from api.database.tables import RankLiveness
+
+    with session_scope() as session:
+        for rank, seconds in silent_s.items():
+            row = session.get(RankLiveness, (job_id, rank))
+            assert row is not None
+            row.last_seen = now - timedelta(seconds=seconds)
