@@ -103,12 +103,17 @@ def train(
     rank, world_size = init_process_group(placement, store, iteration.index)
     heartbeats.connect()
     if iteration.index > 0 and rank == 0:
-        cause = causes.first(iteration.index - 1) or "unknown"
+        cause = causes.first(iteration.index - 1)
         reporter.event(
             "inprocess_restart",
             rank=rank,
             key=f"inprocess_restart:{cfg.job_id}:{cfg.attempt}:{placement.restart_count}:{iteration.index}",
-            details={"iteration": iteration.index, "cause": cause, "restart_count": placement.restart_count},
+            details={
+                "iteration": iteration.index,
+                "cause": cause or "unknown",
+                "cause_class": "exception" if cause else "unknown",
+                "restart_count": placement.restart_count,
+            },
         )
 
     step = 0
@@ -281,6 +286,8 @@ def _report_failure(
         step=step,
         details={
             "cause": type(exc).__name__,
+            "cause_class": "exception",
+            "rank": rank,
             "exception": "".join(traceback.format_exception_only(exc)).strip()[:4000],
             "first_to_fail": first,
             "first_failure": first_cause,
