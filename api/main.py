@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from api import metrics
 from api.core import errors
 from api.core.config import Settings, get_settings
 from api.core.limits import BodySizeLimit, TextGuard
 from api.core.logging import configure_logging
-from api.routes import dashboard, goodput, health, jobs, reports, tokens, webhooks
+from api.routes import dashboard, goodput, health, jobs, metrics, reports, tokens, webhooks
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:

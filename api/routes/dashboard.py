@@ -160,7 +160,6 @@ def _jobs_context(session: SessionDep, status: str | None) -> dict[str, Any]:
         "status": status,
         "statuses": [s.value for s in lifecycle.JobStatus],
         "rungs": dashboard.RUNGS,
-        "goodput_installed": dashboard.goodput_available(),
     }
 
 

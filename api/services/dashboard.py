@@ -1,5 +1,5 @@
 """Read models for the dashboard: jobs with restart counts, a job's timeline and progress,
-checkpoints, rank liveness, and goodput when the goodput service is installed."""
+checkpoints, rank liveness, and goodput."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from api.models import jobs as job_store
 from api.models import liveness
 from api.schemas.events import RESTART_TYPES, EventType, utcnow
 from api.services import lifecycle
-from api.services.goodput_view import GoodputView, goodput_available, goodput_of, number
+from api.services.goodput.records import number
+from api.services.goodput_view import GoodputView, goodput_of
 
 RUNGS: tuple[tuple[EventType, str], ...] = (
     (EventType.inprocess_restart, "in-process"),
@@ -79,8 +80,7 @@ def restart_counts(session: Session, job_ids: Sequence[str]) -> dict[str, dict[s
 def job_rows(session: Session, *, status: str | None = None, limit: int = 100) -> list[JobRow]:
     jobs, _ = job_store.page(session, statuses=[status] if status else [], limit=limit)
     counts = restart_counts(session, [j.id for j in jobs])
-    with_goodput = goodput_available()
-    return [JobRow(j, counts[j.id], goodput_of(session, j) if with_goodput else None) for j in jobs]
+    return [JobRow(j, counts[j.id], goodput_of(session, j)) for j in jobs]
 
 
 # ---- one job -----------------------------------------------------------------------------------
@@ -138,7 +138,6 @@ class JobView:
     ranks: list[RankCell]
     heartbeat_timeout_s: float
     goodput: GoodputView | None
-    goodput_installed: bool
     recent: list[Event] = field(default_factory=list)
 
     @property
@@ -284,6 +283,5 @@ def job_view(session: Session, job: Job) -> JobView:
         ),
         heartbeat_timeout_s=spec.resiliency.heartbeat_timeout_s,
         goodput=goodput_of(session, job),
-        goodput_installed=goodput_available(),
         recent=list(events[-30:])[::-1],
     )

@@ -38,13 +38,14 @@ def job_with_restarts(admin: TestClient) -> dict[str, Any]:
          "details": {"blocking_s": 0.42, "total_s": 3.5, "bytes": 734003200}},
         {"key": "f1", "type": "fault_injected", "ts": at(3), "rank": 1, "details": {"kind": "exception"}},
         {"key": "r1", "type": "inprocess_restart", "ts": at(3.1), "rank": 1, "step": 130,
-         "details": {"cause": "rank 1: RuntimeError: injected exception"}},
+         "details": {"cause": "rank 1: RuntimeError: injected exception", "cause_class": "exception"}},
         {"key": "c2", "type": "checkpoint_saved", "ts": at(5), "step": 200,
          "details": {"blocking_s": 0.38, "total_s": 3.1, "bytes": 734003200}},
         {"key": "h1", "type": "hang_detected", "ts": at(6), "rank": 2, "step": 240,
-         "details": {"cause": "no heartbeat for 31.2 s (timeout 30 s) at step 240"}},
+         "details": {"cause": "no heartbeat for 31.2 s (timeout 30 s) at step 240", "cause_class": "hang",
+                     "silent_s": 31.2}},
         {"key": "r2", "type": "injob_restart", "ts": at(6.5), "step": 240,
-         "details": {"cause": "worker group failed", "restart_count": 1}},
+         "details": {"cause": "worker group failed", "cause_class": "other", "restart_count": 1}},
     )  # fmt: skip
     now = utcnow()
     beats = [

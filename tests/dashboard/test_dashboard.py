@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.deps import SESSION_COOKIE
+from api.schemas.goodput import LOST_BUCKETS, GoodputOut
 from tests.dashboard.scenario import job_with_restarts
 
 
@@ -88,7 +87,7 @@ def test_jobs_page_lists_status_and_restarts_by_rung(browser: TestClient, admin:
     assert 'data-rung="job_restart">0<' in html
     assert "/static/vendor/htmx.min.js" in html and 'hx-trigger="every 2s"' in html
     assert "cdn" not in html.lower()
-    assert re.search(r'class="goodput-slot">\s*[0-9.]+ %', html)  # the ETTR, now that api.services.goodput exists
+    assert re.search(r'class="goodput-slot">\s*[0-9.]+ %', html)  # the job's ETTR
     rows = browser.get("/ui/jobs?status=RECOVERING")
     assert rows.status_code == 200 and job["id"] in rows.text
     assert job["id"] not in browser.get("/ui/jobs?status=SUCCEEDED").text
@@ -123,23 +122,25 @@ def test_a_finished_job_stops_the_polling(
     assert "hx-trigger" not in browser.get(f"/jobs/{job['id']}").text.split('id="live"')[1].split(">")[0]
 
 
-def test_goodput_slot_renders_when_the_goodput_service_exists(
+def test_goodput_slot_shows_the_ettr_and_the_lost_time(
     browser: TestClient, admin: TestClient, admin_token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = types.ModuleType("api.services.goodput")
+    from api.services import goodput
 
-    def job_goodput(session: Any, job: Any) -> dict[str, Any]:
-        return {"wall_s": 100.0, "productive_s": 80.0, "ettr": 0.8, "lost_s": {"restart": 15.0, "checkpoint": 5.0}}
+    def job_goodput(session: Any, job: Any) -> GoodputOut:
+        lost = {name: 0.0 for name in LOST_BUCKETS} | {"restart": 15.0, "checkpoint_stall": 5.0}
+        return goodput.empty(job).model_copy(
+            update={"wall_s": 100.0, "productive_s": 80.0, "ettr": 0.8, "lost_s": lost}
+        )
 
-    fake.job_goodput = job_goodput  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "api.services.goodput", fake)
+    monkeypatch.setattr(goodput, "job_goodput", job_goodput)
     job = job_with_restarts(admin)
     browser.headers.pop("Authorization", None)
     log_in(browser, admin_token)
     assert "80.0 %" in browser.get("/").text
     html = browser.get(f"/jobs/{job['id']}").text
     assert "ETTR <strong>80.0 %" in html
-    assert html.count('class="seg ') == 3 and "restart: 15.0 s" in html and "checkpoint: 5.0 s" in html
+    assert html.count('class="seg ') == 3 and "restart: 15.0 s" in html and "checkpoint stall: 5.0 s" in html
 
 
 def test_static_assets_are_vendored(browser: TestClient) -> None:

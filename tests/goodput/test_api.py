@@ -158,22 +158,31 @@ def test_the_job_page_shows_goodput_and_the_interval_advice(admin: TestClient, m
 
 
 def test_advice_in_words() -> None:
+    from api.schemas.goodput import Advice, IntervalPrediction
     from api.services.goodput_view import advice_lines
 
-    advice = {
-        "checkpoint_blocking_s": 2.0,
-        "mtbf_s": 100.0,
-        "restart_cost_s": 10.0,
-        "optimal": {"interval_s": 20.0, "interval_steps": 100.0, "predicted_ettr": 0.7},
-        "current": {"interval_s": 10.0, "interval_steps": 50.0, "predicted_ettr": 0.65},
-        "note": "first-order Young/Daly",
-    }
+    def interval(seconds: float, steps: float, ettr: float) -> IntervalPrediction:
+        return IntervalPrediction(interval_s=seconds, interval_steps=steps, lost_fraction=None, predicted_ettr=ettr)
+
+    measured = {"checkpoints": 3, "failures": 2, "min_failures": 2, "step_time_s": 0.2}
+    advice = Advice(
+        checkpoint_blocking_s=2.0,
+        mtbf_s=100.0,
+        restart_cost_s=10.0,
+        optimal=interval(20.0, 100.0, 0.7),
+        current=interval(10.0, 50.0, 0.65),
+        note="first-order Young/Daly",
+        **measured,
+    )
     assert advice_lines(advice) == (
         "Checkpoint every 100 steps (20.0 s of training): predicted ETTR 70.0 % "
         "(Young/Daly from C 2 s, M 100 s, R 10 s)",
         "Now every 50 steps (10.0 s of training): predicted ETTR 65.0 %",
     )
-    assert advice_lines({}) == ()
+    nothing = Advice(
+        checkpoint_blocking_s=None, mtbf_s=None, restart_cost_s=None, optimal=None, current=None, note="", **measured
+    )
+    assert advice_lines(nothing) == ()
 
 
 def test_a_job_wide_hang_is_read_per_detection_pass(admin: TestClient, make_job: Any) -> None:

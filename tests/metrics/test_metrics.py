@@ -9,8 +9,8 @@ import re
 import subprocess
 import sys
 import textwrap
-import types
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.metrics import cause_class
+from api.database.tables import Event
+from api.metrics import EventFacts
+from api.schemas.causes import CauseClass
+from api.schemas.events import utcnow
 from tests.support.receivers import Receiver
 from tests.webhooks.support import post_events, start
 
@@ -42,28 +45,20 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 
 
 @pytest.mark.parametrize(
-    ("cause", "kind"),
+    ("details", "label"),
     [
-        ("exit code 137", "crash"),
-        ("worker killed by signal SIGKILL", "crash"),
-        ("CUDA out of memory", "crash"),
-        ("node ip-10-0-0-7 lost: pod deleted by an injected node_loss fault", "node"),
-        ("pod evicted on node x: low memory", "node"),
-        ("pod evicted: the node ran out of disk", "node"),
-        ("no heartbeat for 31.2 s (timeout 30 s) at step 240", "hang"),
-        ("rank 0 killed by SIGKILL (ft_launcher: no heartbeat for 20 s)", "hang"),
-        ("hang not recovered in-job: 1 rank(s) silent for up to 61 s", "hang"),
-        ("rank 1: RuntimeError: injected exception", "exception"),
-        ("launch failed: ApiException: forbidden", "exception"),
-        ("launch of attempt 2 refused", "launch"),
-        ("worker group failed", "other"),
-        ("", "unknown"),
+        ({"cause": "exit code 137", "cause_class": "crash"}, "crash"),
+        ({"cause": "rank 0 killed by SIGKILL (ft_launcher: no heartbeat for 20 s)", "cause_class": "hang"}, "hang"),
+        ({"cause": "pod evicted: the node ran out of disk", "cause_class": "preempted"}, "preempted"),
+        ({"cause": "exit code 137"}, "unknown"),  # the sentence is never read
+        ({"cause": "worker group failed", "cause_class": "made-up"}, "other"),
+        ({}, "unknown"),
         (None, "unknown"),
-        (42, "unknown"),
     ],
 )
-def test_causes_are_bucketed_into_a_bounded_set(cause: Any, kind: str) -> None:
-    assert cause_class(cause) == kind
+def test_the_cause_label_is_the_class_the_event_states(details: dict[str, Any] | None, label: str) -> None:
+    event = Event(type="injob_restart", attempt=0, details=details)
+    assert EventFacts.of(event).cause == label
 
 
 def test_metrics_need_no_token_and_count_jobs_by_status(
@@ -85,11 +80,11 @@ def test_restarts_hangs_checkpoints_and_heartbeats_are_counted_once(
     start(job)
     before = scrape(admin)
     events = [
-        {"key": "1", "type": "injob_restart", "details": {"cause": "exit code 137"}},
-        {"key": "2", "type": "injob_restart", "details": {"cause": "exit code 1"}},
-        {"key": "3", "type": "job_restart", "details": {"cause": "node n1 lost"}},
+        {"key": "1", "type": "injob_restart", "details": {"cause": "exit code 137", "cause_class": "crash"}},
+        {"key": "2", "type": "injob_restart", "details": {"cause": "exit code 1", "cause_class": "crash"}},
+        {"key": "3", "type": "job_restart", "details": {"cause": "node n1 lost", "cause_class": "node"}},
         {"key": "4", "type": "inprocess_restart"},
-        {"key": "5", "type": "hang_detected", "details": {"cause": "no heartbeat for 31 s"}},
+        {"key": "5", "type": "hang_detected", "details": {"cause": "no heartbeat for 31 s", "cause_class": "hang"}},
         {"key": "6", "type": "checkpoint_saved", "details": {"blocking_s": 0.25, "total_s": 3}},
         {"key": "7", "type": "checkpoint_saved", "details": {"blocking_s": "n/a"}},
     ]
@@ -115,8 +110,9 @@ def test_restarts_hangs_checkpoints_and_heartbeats_are_counted_once(
     assert delta("ftplane_checkpoint_blocking_seconds_sum") == pytest.approx(0.25)
     assert delta("ftplane_checkpoint_blocking_seconds_bucket", le="0.25") == 1
     assert delta("ftplane_heartbeats_total") == 3
-    labels = {dict(k[1]).get("cause") for k in after if k[0] == "ftplane_restarts_total"}
-    assert labels <= {"crash", "node", "hang", "exception", "launch", "other", "unknown"}
+    for rung in ("inprocess", "injob", "job"):  # bounded: every class of every rung, zeros included
+        labels = {dict(k[1])["cause"] for k in after if k[0] == "ftplane_restarts_total" and ("rung", rung) in k[1]}
+        assert labels == {c.value for c in CauseClass}
 
 
 def test_events_rolled_back_are_not_counted(admin: TestClient, make_job: Callable[..., dict[str, Any]]) -> None:
@@ -130,7 +126,11 @@ def test_events_rolled_back_are_not_counted(admin: TestClient, make_job: Callabl
     with pytest.raises(RuntimeError), session_scope() as session:
         job = job_store.get(session, job_id)
         assert job is not None
-        batch = EventBatch(events=[EventIn(key="x", type=EventType.job_restart, details={"cause": "exit code 2"})])
+        batch = EventBatch(
+            events=[
+                EventIn(key="x", type=EventType.job_restart, details={"cause": "exit code 2", "cause_class": "crash"})
+            ]
+        )
         reporting.ingest_events(session, job, batch)
         raise RuntimeError("rolled back")
     after = scrape(admin)
@@ -162,16 +162,19 @@ def test_webhook_deliveries_by_outcome_and_outbox_backlog(
     assert value(after, "ftplane_webhook_outbox", status="delivered") == 1
 
 
-def test_goodput_gauge_when_the_goodput_service_exists(
-    admin: TestClient, make_job: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_goodput_gauge_of_launched_jobs(admin: TestClient, make_job: Callable[..., dict[str, Any]]) -> None:
     assert not any(k[0] == "ftplane_job_goodput_ratio" for k in scrape(admin))
-    fake = types.ModuleType("api.services.goodput")
-    fake.job_goodput = lambda session, job: {"wall_s": 50.0, "productive_s": 45.0}  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "api.services.goodput", fake)
     job = make_job(name="measured")
     start(job)
-    assert value(scrape(admin), "ftplane_job_goodput_ratio", job_id=job["id"], job="measured") == pytest.approx(0.9)
+    now = utcnow()
+    post_events(
+        admin,
+        job,
+        {"key": "s", "type": "submitted", "ts": (now - timedelta(seconds=50)).isoformat()},
+        {"key": "r", "type": "running", "ts": (now - timedelta(seconds=45)).isoformat(), "step": 0},
+    )  # 5 s of initialization in 50 s of wall time
+    ratio = value(scrape(admin), "ftplane_job_goodput_ratio", job_id=job["id"], job="measured")
+    assert ratio == pytest.approx(0.9, abs=0.01)
 
 
 def test_multiprocess_mode_sums_every_process(tmp_path: Path) -> None:
@@ -186,7 +189,7 @@ def test_multiprocess_mode_sums_every_process(tmp_path: Path) -> None:
         """
         from api.core.db import upgrade_to_head
         upgrade_to_head()
-        from api import metrics
+        from api.routes import metrics
         print(metrics.scrape().decode())
         """
     )
