@@ -8,6 +8,10 @@ The standard body, stored with the delivery when the event is stored, so every r
               "job": {id, name, status, attempt, labels, url},
               "affected": {"events", "ranks", "nodes", "truncated"}}}   # PER_RANK_TYPES only
 
+Where the event has a `cause` (the sentence), `details` carry its `cause_class` next to it: one
+of `api.schemas.causes.CauseClass`, the one the event states (`unknown` if it states none), so a
+receiver can switch on it without reading the sentence.
+
 A failure that is stored once per rank (`PER_RANK_TYPES`: a job-wide hang is one
 `hang_detected` per silent rank) is announced once per batch of such events stored together:
 `affected` counts them and lists their ranks and nodes (at most `AFFECTED_LISTED` of each).
@@ -28,6 +32,7 @@ from typing import Any
 from standardwebhooks import Webhook
 
 from api.database.tables import Event, Job
+from api.schemas.causes import cause_class_of
 from api.schemas.events import EventType, utcnow
 
 SECRET_PREFIX = "whsec_"
@@ -97,7 +102,7 @@ def standard_payload(
                 "rank": event.rank,
                 "node": event.node,
                 "step": event.step,
-                "details": dict(event.details or {}),
+                "details": _details(event),
             },
             "job": job_summary(job, public_url),
         },
@@ -105,6 +110,13 @@ def standard_payload(
     if event.type in PER_RANK_TYPES:
         payload["data"]["affected"] = _affected(together or [event])
     return payload
+
+
+def _details(event: Event) -> dict[str, Any]:
+    details = dict(event.details or {})
+    if details.get("cause"):
+        details["cause_class"] = cause_class_of(details).value
+    return details
 
 
 def _affected(events: list[Event]) -> dict[str, Any]:
@@ -130,12 +142,15 @@ def slack_payload(payload: dict[str, Any]) -> dict[str, Any]:
         emoji, title = _TITLES[EventType(event["type"])]
     except (KeyError, ValueError):
         emoji, title = ":information_source:", str(event["type"]).replace("_", " ")
-    cause = (event.get("details") or {}).get("cause")
+    details = event.get("details") or {}
+    cause = details.get("cause")
     name = _slack_escape(str(job["name"]))
     headline = f"{emoji} {name}: {title}"
     if cause:
         headline += f": {_slack_escape(str(cause))[:300]}"
     facts = [f"job `{job['id']}`", f"status *{job['status']}*", f"attempt {event['attempt']}"]
+    if cause and details.get("cause_class"):
+        facts.append(f"cause: {_slack_escape(str(details['cause_class']))}")
     for key in ("rank", "node", "step"):
         if event.get(key) is not None:
             facts.append(f"{key} {_slack_escape(str(event[key]))}")

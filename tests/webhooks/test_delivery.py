@@ -46,7 +46,13 @@ def test_a_restart_is_delivered_signed_with_the_job_summary(
     post_events(
         admin,
         job,
-        {"key": "r1", "type": "injob_restart", "rank": 1, "step": 40, "details": {"cause": "exit code 137"}},
+        {
+            "key": "r1",
+            "type": "injob_restart",
+            "rank": 1,
+            "step": 40,
+            "details": {"cause": "exit code 137", "cause_class": "crash", "exit_code": 137},
+        },
     )
     assert len(enqueued) == 1 and enqueued[0][1] is None  # enqueued once the event was committed
     assert deliver_webhook(enqueued[0][0]) == "delivered"
@@ -63,6 +69,7 @@ def test_a_restart_is_delivered_signed_with_the_job_summary(
         40,
         "exit code 137",
     )
+    assert (event["details"]["cause_class"], event["details"]["exit_code"]) == ("crash", 137)
     summary = payload["data"]["job"]
     assert {k: summary[k] for k in ("id", "name", "status", "attempt", "labels")} == {
         "id": job["id"],
@@ -256,7 +263,8 @@ def test_slack_format_posts_a_slack_message(
 ) -> None:
     hook = subscribe(admin, receiver, "/slack", format="slack")
     job = make_job()
-    post_events(admin, job, {"key": "r1", "type": "job_restart", "details": {"cause": "node <ip-10-0-0-1> lost"}})
+    details = {"cause": "node <ip-10-0-0-1> lost", "cause_class": "node"}
+    post_events(admin, job, {"key": "r1", "type": "job_restart", "details": details})
     deliver_webhook(enqueued[0][0])
     [got] = receiver.at("/slack")
     message = Webhook(hook["secret"]).verify(got.body, got.headers)
@@ -264,7 +272,7 @@ def test_slack_format_posts_a_slack_message(
     assert "tiny" in message["text"] and "job restart" in message["text"]
     assert "&lt;ip-10-0-0-1&gt;" in message["text"]  # Slack mrkdwn escaping
     assert message["blocks"][0]["type"] == "section"
-    assert job["id"] in json.dumps(message["blocks"])
+    assert job["id"] in json.dumps(message["blocks"]) and "cause: node" in json.dumps(message["blocks"])
 
 
 def test_redeliver_sends_the_same_webhook_id_again(
@@ -387,3 +395,22 @@ def test_the_ranks_of_a_huge_hang_are_listed_up_to_a_bound() -> None:
     affected = _affected(announced[0][1])
     assert affected["events"] == 1000 and affected["truncated"]
     assert affected["ranks"] == list(range(AFFECTED_LISTED)) and len(affected["nodes"]) == AFFECTED_LISTED
+
+
+@pytest.mark.parametrize(
+    ("details", "stated"),
+    [
+        ({"cause": "exit code 137", "cause_class": "crash"}, "crash"),
+        ({"cause": "exit code 137"}, "unknown"),  # the sentence is never read for a class
+        ({"cause": "worker group failed", "cause_class": "made-up"}, "other"),
+        ({"restart_count": 1}, None),
+    ],
+)
+def test_the_payload_states_the_cause_class_next_to_the_cause(details: dict[str, Any], stated: str | None) -> None:
+    from api.database.tables import Event, Job
+    from api.webhooks.messages import standard_payload
+
+    job = Job(id="j1", name="tiny", status="RECOVERING", attempt=0, labels={})
+    event = Event(id=1, type="injob_restart", attempt=0, ts=utcnow(), details=details)
+    sent = standard_payload(job, event)["data"]["event"]["details"]
+    assert sent.get("cause_class") == stated and sent.get("cause") == details.get("cause")
