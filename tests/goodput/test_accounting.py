@@ -94,6 +94,17 @@ def test_clean_run() -> None:
     assert [a.attempt for a in g.attempts] == [0]
 
 
+# The in-job restart scenario's lost seconds per bucket (test_in_job_restart_with_recompute; the API test replays it).
+RESTART_SCENARIO_LOST = {
+    "initialization": 10,
+    "checkpoint_stall": 2,
+    "fault_detection": 0.2,
+    "restart": 8.8,
+    "recompute": 10,
+    "shutdown": 3,
+}
+
+
 def test_in_job_restart_with_recompute() -> None:
     """Training from 10; save at step 100 (30..31); a crash injected at 41 (step 150 would be reached then);
     rank 0 fails in the collective at 41.2 (its report: detection); the launcher's observation of the crash
@@ -123,14 +134,7 @@ def test_in_job_restart_with_recompute() -> None:
     )
     assert_partition(g)
     assert g.wall_s == 74
-    assert lost(g) == {
-        "initialization": 10,
-        "checkpoint_stall": 2,
-        "fault_detection": 0.2,
-        "restart": 8.8,
-        "recompute": 10,
-        "shutdown": 3,
-    }
+    assert lost(g) == RESTART_SCENARIO_LOST
     assert g.productive_s == pytest.approx(40)
     assert g.failures == 1 and g.recomputed_steps == 50
     assert g.step_time_s == pytest.approx(0.2)
