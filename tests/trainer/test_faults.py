@@ -178,7 +178,17 @@ def test_hang_is_interruptible_by_an_asynchronous_exception() -> None:
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    time.sleep(0.2)
+    wait_for("the thread to enter the hang", lambda: _inside(thread, hang_forever), 10, interval=0.01)
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(Interrupt))
     thread.join(timeout=5)
     assert ended == ["interrupted"]
+
+
+def _inside(thread: threading.Thread, function: Any) -> bool:
+    """Whether `thread` is running `function` now (its code is on the thread's stack)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code is function.__code__:
+            return True
+        frame = frame.f_back
+    return False
