@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import random
 import statistics
@@ -43,7 +44,7 @@ import httpx
 
 from bench.common import create_admin_token, fresh_database, machine, percentile, table
 from ftplane.devserver import ftplane_server
-from tests.support.receivers import Receiver
+from tests.support.receivers import Received, Receiver
 from tests.support.waiting import wait_for
 
 RANKS = 8
@@ -172,8 +173,7 @@ def run(args: argparse.Namespace) -> list[Trial]:
                         time.sleep(rng.uniform(0, args.supervise_interval))  # a random phase of the supervision period
                         silent_from = ranks.silence(rank).timestamp()
                         got = receiver.first(
-                            lambda r, rank=rank, t=silent_from: hang_of(r.json(), rank, after=t),
-                            timeout=2 * args.timeout - 0.5,
+                            functools.partial(hang_of, rank=rank, after=silent_from), timeout=2 * args.timeout - 0.5
                         )
                         ranks.resume(rank)
                         if got is None:
@@ -202,8 +202,9 @@ def cancel(api: httpx.Client, job_id: str, timeout: float = 60) -> None:
         time.sleep(0.3)
 
 
-def hang_of(message: dict[str, Any], rank: int, *, after: float) -> bool:
+def hang_of(received: Received, *, rank: int, after: float) -> bool:
     """The webhook announces `rank`'s hang_detected stored after `after` (Unix time)."""
+    message = received.json()
     event = message.get("data", {}).get("event", {})
     return message.get("type") == "hang_detected" and event.get("rank") == rank and _ts(event["ts"]) > after
 
