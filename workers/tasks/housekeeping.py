@@ -9,11 +9,11 @@ from __future__ import annotations
 from sqlalchemy import create_engine, inspect, text
 
 from api.core.config import get_settings
-from api.core.queue import embedded_broker_url
+from api.core.queue import PURGE_CONSUMED_MESSAGES, embedded_broker_url
 from workers.celery_app import celery_app
 
 
-@celery_app.task(name="ftplane.purge_consumed_messages")
+@celery_app.task(name=PURGE_CONSUMED_MESSAGES)
 def purge_consumed_messages() -> int:
     settings = get_settings()
     if settings.redis_url:
