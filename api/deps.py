@@ -93,3 +93,4 @@ def within_ingest_limit(endpoint: str) -> Callable[[Principal], Principal]:
 
 EventsReporterDep = Annotated[Principal, Depends(within_ingest_limit("events"))]
 HeartbeatsReporterDep = Annotated[Principal, Depends(within_ingest_limit("heartbeats"))]
+NodeReporterDep = Annotated[Principal, Depends(within_ingest_limit("reports"))]

@@ -31,7 +31,6 @@ DUTY_TASKS = (
     "ftplane.launch_attempts",
     "ftplane.reconcile_attempts",
     "ftplane.detect_silent_ranks",
-    "ftplane.deliver_faults",
     "ftplane.time_out_pending_attempts",
     "ftplane.cancel_jobs",
     "ftplane.release_finished_jobs",

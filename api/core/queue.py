@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 SUBMIT_JOB = "ftplane.submit_job"
 CANCEL_JOB = "ftplane.cancel_job"
-INJECT_FAULT = "ftplane.inject_fault"
 DELIVER_WEBHOOK = "ftplane.deliver_webhook"
 SWEEP_WEBHOOK_DELIVERIES = "ftplane.sweep_webhook_deliveries"
 PURGE_CONSUMED_MESSAGES = "ftplane.purge_consumed_messages"

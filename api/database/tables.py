@@ -73,6 +73,8 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     # When an ended job's leftovers (processes, pods, Secrets, tokens) were released.
     released_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The steps the job will run, when its ranks say (progress and ETA).
+    total_steps: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class Attempt(Base):
@@ -126,6 +128,26 @@ class RankLiveness(Base):
     last_seen: Mapped[datetime]
     throughput: Mapped[float | None] = mapped_column(Float, default=None)
     loss: Mapped[float | None] = mapped_column(Float, default=None)
+    step_time_s: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class NodeLiveness(Base):
+    """Latest report of each node's agent per (job, node): overwritten in place, never appended."""
+
+    __tablename__ = "node_liveness"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    last_seen: Mapped[datetime]
+    launcher_alive: Mapped[bool] = mapped_column(Boolean, default=True)
+    # sdk: ranks report through the SDK; log: steps read from the ranks' output; none: processes only
+    progress: Mapped[str] = mapped_column(String(8), default="none")
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    unhealthy_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    # [{rank, local_rank, pid, alive, exit_code?, signal?}] and [{index, xid_errors, ecc_uncorrected, throttled}]
+    ranks: Mapped[list[Any]] = mapped_column(default=list)
+    gpus: Mapped[list[Any]] = mapped_column(default=list)
 
 
 class ApiToken(Base):

@@ -1,13 +1,13 @@
 """The fault outbox: every requested fault is a row until whoever injects it has it.
 
 A fault has one `delivery`, decided once when it is requested (`delivery_for`):
-- `backend`: the execution backend injects it now from outside the ranks (a signal to a rank's
-  processes, a node's loss); the inject task, or else the next supervision pass, hands it over;
+- `agent`: the node agent of the rank's node carries it out now, from outside the rank's code (a
+  signal to the rank's process, the node's loss); it rides on the reply to that agent's next
+  report, and is marked delivered as it is handed over: at most once, since injecting it twice is
+  worse than not at all;
 - `trainer`: the rank itself injects it (an exception, or any fault at a given step); it rides on
-  the reply to every heartbeat of that rank until the rank reports it injected (`mark_fired`), so
-  a rank restarted before the step still gets it.
-A backend delivery is at most once: the fault is marked delivered before it is handed over, since
-injecting it twice is worse than not at all.
+  every reply to the agent (which forwards it to the rank) and on heartbeat replies, until the rank
+  reports it injected (`mark_fired`), so a rank restarted before the step still gets it.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ RANK_ONLY_KINDS = frozenset({"exception"})
 
 
 class Delivery(StrEnum):
-    backend = "backend"
+    agent = "agent"
     trainer = "trainer"
 
 
 def delivery_for(kind: str, *, now: bool) -> Delivery:
     """Who injects a fault of `kind`, asked for now or at a step: the one place this rule is written."""
     if now and kind not in RANK_ONLY_KINDS:
-        return Delivery.backend
+        return Delivery.agent
     return Delivery.trainer
 
 
@@ -49,7 +49,7 @@ def request(
         attempt=attempt,
         kind=kind,
         rank=rank,
-        at_step=None if delivery == Delivery.backend else at_step,
+        at_step=None if delivery == Delivery.agent else at_step,
         delivery=delivery.value,
     )
     session.add(fault)

@@ -35,15 +35,19 @@ def record_heartbeats(session: Session, job_id: str, attempt: int, beats: Sequen
             "last_seen": min(b.ts or now, now),  # a skewed clock can't make a rank look alive in the future
             "throughput": b.throughput,
             "loss": b.loss,
+            "step_time_s": b.step_time_s,
         }
         for b in newest.values()
     ]
-    chunk = max_rows_per_statement(session, 8)
+    chunk = max_rows_per_statement(session, 9)
     for start in range(0, len(rows), chunk):
         stmt = insert_for(session, RankLiveness).values(rows[start : start + chunk])
         stmt = stmt.on_conflict_do_update(
             index_elements=["job_id", "rank"],
-            set_={c: stmt.excluded[c] for c in ("attempt", "node", "step", "last_seen", "throughput", "loss")},
+            set_={
+                c: stmt.excluded[c]
+                for c in ("attempt", "node", "step", "last_seen", "throughput", "loss", "step_time_s")
+            },
             where=(RankLiveness.attempt < stmt.excluded.attempt)
             | ((RankLiveness.attempt == stmt.excluded.attempt) & (RankLiveness.last_seen <= stmt.excluded.last_seen)),
         )
@@ -55,13 +59,15 @@ def record_heartbeats(session: Session, job_id: str, attempt: int, beats: Sequen
 # multi-VALUES insert cost a SQL compilation and ~8 bound parameters per beat on every request.
 _UPSERT_POSTGRESQL = text(
     """
-    INSERT INTO rank_liveness (job_id, rank, attempt, node, step, last_seen, throughput, loss)
-    SELECT :job_id, u.rank, :attempt, u.node, u.step, u.last_seen, u.throughput, u.loss
+    INSERT INTO rank_liveness (job_id, rank, attempt, node, step, last_seen, throughput, loss, step_time_s)
+    SELECT :job_id, u.rank, :attempt, u.node, u.step, u.last_seen, u.throughput, u.loss, u.step_time_s
     FROM jsonb_to_recordset(CAST(:beats AS jsonb))
-        AS u(rank integer, node varchar, step bigint, last_seen timestamptz, throughput float8, loss float8)
+        AS u(rank integer, node varchar, step bigint, last_seen timestamptz, throughput float8, loss float8,
+             step_time_s float8)
     ON CONFLICT (job_id, rank) DO UPDATE SET
         attempt = excluded.attempt, node = excluded.node, step = excluded.step,
-        last_seen = excluded.last_seen, throughput = excluded.throughput, loss = excluded.loss
+        last_seen = excluded.last_seen, throughput = excluded.throughput, loss = excluded.loss,
+        step_time_s = excluded.step_time_s
     WHERE rank_liveness.attempt < excluded.attempt
        OR (rank_liveness.attempt = excluded.attempt AND rank_liveness.last_seen <= excluded.last_seen)
     """
@@ -80,6 +86,7 @@ def _upsert_postgresql(
             "last_seen": min(b.ts or now, now).isoformat(),
             "throughput": b.throughput,
             "loss": b.loss,
+            "step_time_s": b.step_time_s,
         }
         for b in beats
     ]

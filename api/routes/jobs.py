@@ -93,10 +93,9 @@ def cancel_job(job_id: str, session: SessionDep, background: BackgroundTasks, _:
 @router.post(
     "/{job_id}/faults", response_model=FaultOut, status_code=status.HTTP_202_ACCEPTED, responses=responses(404, 409)
 )
-def inject_fault(
-    job_id: str, fault: FaultIn, session: SessionDep, background: BackgroundTasks, _: AdminDep
-) -> FaultOut:
-    """Inject a fault into a running job (recorded as fault_injected when it fires)."""
+def inject_fault(job_id: str, fault: FaultIn, session: SessionDep, _: AdminDep) -> FaultOut:
+    """Inject a fault into a running job (recorded as fault_injected when it fires). It reaches the node agent of
+    the rank's node with the reply to its next report (within one report interval)."""
     job = load_job(session, job_id)
     if job.status not in (
         lifecycle.JobStatus.RUNNING,
@@ -109,6 +108,4 @@ def inject_fault(
         raise ApiError(422, f"rank {fault.rank} is outside the job's {world} ranks", field="rank")
     out = job_service.request_fault(session, job, fault)
     session.commit()
-    if out.delivery == "backend":
-        background.add_task(queue.send, queue.INJECT_FAULT, job.id, out.model_dump())
     return out

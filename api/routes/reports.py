@@ -1,4 +1,5 @@
-"""`/v1/jobs/{id}/events|heartbeats|ranks`: what trainers report and what operators read back."""
+"""`/v1/jobs/{id}/reports|events|heartbeats|ranks|nodes`: what node agents and trainers report, and what
+operators read back."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.core.errors import ApiError, responses
-from api.deps import AdminDep, EventsReporterDep, HeartbeatsReporterDep, SessionDep
+from api.deps import AdminDep, EventsReporterDep, HeartbeatsReporterDep, NodeReporterDep, SessionDep
 from api.models import events as event_store
-from api.models import liveness
+from api.models import liveness, nodes
 from api.routes.jobs import load_job
 from api.schemas.events import (
     EventBatch,
@@ -24,9 +25,34 @@ from api.schemas.events import (
     RankOut,
     utcnow,
 )
+from api.schemas.reports import NodeOut, NodeReport, ReportResult
 from api.services import lifecycle, reporting
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["reports"])
+
+
+@router.post("/reports", response_model=ReportResult, responses=responses(404, 409, 429))
+def post_report(job_id: str, report: NodeReport, session: SessionDep, _: NodeReporterDep) -> ReportResult:
+    """A node agent's batched report: its events (idempotent by `key`), its ranks' heartbeats and its liveness.
+    The reply carries the faults for the node's ranks."""
+    job = load_job(session, job_id, for_update=bool(report.events))
+    if job.status in lifecycle.TERMINAL and not report.events:
+        raise ApiError(409, f"job is {job.status}; it takes no more reports", field="job_id")
+    return reporting.ingest_node_report(session, job, report)
+
+
+@router.get("/nodes", response_model=list[NodeOut], responses=responses(404))
+def list_nodes(job_id: str, session: SessionDep, _: AdminDep) -> list[NodeOut]:
+    """Each node agent's newest report: launcher and rank processes, progress source, health."""
+    job = load_job(session, job_id)
+    timeout = lifecycle.spec_of(job).resiliency.heartbeat_timeout_s
+    cutoff = utcnow() - timedelta(seconds=timeout)
+    out = []
+    for row in nodes.of_job(session, job_id):
+        item = NodeOut.model_validate(row)
+        item.stale = row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
+        out.append(item)
+    return out
 
 
 @router.post("/events", response_model=EventBatchResult, responses=responses(404, 429))

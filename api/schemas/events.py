@@ -41,6 +41,7 @@ class EventType(StrEnum):
     queued = "queued"
     scheduling_failed = "scheduling_failed"
     preempted = "preempted"
+    spares_exhausted = "spares_exhausted"
     straggler_detected = "straggler_detected"
     straggler_cleared = "straggler_cleared"
     succeeded = "succeeded"
@@ -168,6 +169,8 @@ class HeartbeatIn(BaseModel):
     node: str | None = Field(default=None, max_length=253)
     throughput: float | None = Field(default=None, ge=0, le=1e15, description="Tokens or samples per second.")
     loss: float | None = Field(default=None, ge=-1e12, le=1e12)
+    step_time_s: float | None = Field(default=None, ge=0, le=7 * 86400, description="Seconds per step, measured.")
+    total_steps: int | None = Field(default=None, ge=1, le=10**12, description="The steps the job will run.")
 
 
 class HeartbeatBatch(BaseModel):
@@ -203,4 +206,5 @@ class RankOut(BaseModel):
     last_seen: datetime
     throughput: float | None
     loss: float | None
+    step_time_s: float | None = None
     stale: bool = False

@@ -9,7 +9,15 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-LOST_BUCKETS = ("initialization", "checkpoint_stall", "fault_detection", "restart", "recompute", "shutdown")
+LOST_BUCKETS = (
+    "initialization",
+    "queued",
+    "checkpoint_stall",
+    "fault_detection",
+    "restart",
+    "recompute",
+    "shutdown",
+)
 
 
 class Breakdown(BaseModel):

@@ -82,6 +82,7 @@ class FaultOut(BaseModel):
     kind: str
     rank: int
     at_step: int | None
-    delivery: Literal["backend", "trainer"] = Field(
-        description="backend: signalled by the execution backend; trainer: the trainer injects it itself."
+    delivery: Literal["agent", "trainer"] = Field(
+        description="agent: the node agent of the rank's node carries it out (a signal, the node's loss); "
+        "trainer: the rank's own code injects it (through the SDK)."
     )

@@ -6,9 +6,19 @@ naming the key, never a silently ignored setting.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from api.schemas.kubernetes_spec import (
+    HugePageSize,
+    QueueName,
+    SchedulingSpec,
+    SecretKeyRef,
+    check_hugepages,
+    kubernetes_only_fields,
+)
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -50,6 +60,15 @@ class Resources(StrictModel):
     cpu: Quantity | None = None
     memory: Quantity | None = None
     shm: Quantity | None = Field(default=None, description="Size of the /dev/shm memory volume (kubernetes).")
+    hugepages: dict[HugePageSize, Quantity] = Field(
+        default_factory=dict,
+        description="Huge pages per node by page size, e.g. {'2Mi': '5120Mi'} for EFA (kubernetes; requests = limits).",
+    )
+
+    @model_validator(mode="after")
+    def _hugepages_with_cpu_or_memory(self) -> Resources:
+        check_hugepages(self.hugepages, self.cpu, self.memory)
+        return self
 
 
 class CheckpointSpec(StrictModel):
@@ -73,6 +92,50 @@ class InprocessSpec(StrictModel):
         return self
 
 
+MAX_LOG_PATTERN = 512
+MAX_LOCAL_NODES = 8
+# Node reports per second one job may send: past that many nodes, each node reports less often.
+REPORTS_PER_JOB_S = 256
+MAX_REPORT_INTERVAL_S = 30.0
+# A heartbeat timeout must cover this many report intervals, so a late report or two is not a hang.
+TIMEOUT_INTERVALS = 3
+
+
+def default_report_interval(nodes: int) -> float:
+    """1 s per node up to REPORTS_PER_JOB_S nodes; then longer, so the job stays within that many reports a second."""
+    return min(MAX_REPORT_INTERVAL_S, max(1.0, nodes / REPORTS_PER_JOB_S))
+
+
+class ProgressSpec(StrictModel):
+    """How ftplane learns each rank's progress when the training code does not use the SDK."""
+
+    log_pattern: str | None = Field(
+        default=None,
+        max_length=MAX_LOG_PATTERN,
+        description="A regular expression with a named group `step`, matched against each rank's output lines "
+        r"(e.g. 'step (?P<step>\d+)'): each match is that rank's heartbeat at that step.",
+    )
+    report_interval_s: float | None = Field(
+        default=None,
+        ge=0.1,
+        le=MAX_REPORT_INTERVAL_S,
+        description="How often each node's agent reports. Default: 1 s, longer past "
+        f"{REPORTS_PER_JOB_S} nodes (the job then sends at most {REPORTS_PER_JOB_S} reports a second).",
+    )
+
+    @field_validator("log_pattern")
+    @classmethod
+    def _pattern_has_a_step(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"does not compile: {exc}") from None
+            if "step" not in compiled.groupindex:
+                raise ValueError(r"needs a named group 'step', e.g. 'step (?P<step>\d+)'")
+        return pattern
+
+
 class ResiliencySpec(StrictModel):
     inprocess: InprocessSpec = Field(default_factory=InprocessSpec)
     max_in_job_restarts: int = Field(default=3, ge=0, le=10_000)
@@ -85,7 +148,26 @@ class ResiliencySpec(StrictModel):
         gt=0,
         le=7 * 86400,
         description="Give up on an attempt that has not started running this long after its launch "
-        "(pods unschedulable, image not pulled); it counts as a failure of the attempt. None: wait forever.",
+        "(pods unschedulable, image not pulled); it counts as a failure of the attempt. None: wait forever. "
+        "Time spent waiting in a Kueue queue does not count.",
+    )
+    on_pending_timeout: Literal["retry", "fail"] = Field(
+        default="retry",
+        description="What a pending timeout leads to: retry (a job restart, from max_job_restarts) or fail the job.",
+    )
+    max_preemptions: int = Field(
+        default=10,
+        ge=0,
+        le=1000,
+        description="Job restarts after a preemption (eviction, node drain, spot interruption, Kueue preemption): "
+        "a budget of its own, not counted against max_job_restarts.",
+    )
+    spare_nodes: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Hot spares (kubernetes): the job runs nodes + spare_nodes pods; ft_launcher keeps `nodes` "
+        "active and the rest standing by, so a lost node is replaced in-job. Needs NVRx >= 0.6 in the image.",
     )
 
     @model_validator(mode="after")
@@ -121,7 +203,18 @@ class JobSpec(StrictModel):
     )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     resiliency: ResiliencySpec = Field(default_factory=ResiliencySpec)
+    progress: ProgressSpec = Field(default_factory=ProgressSpec)
     faults: list[FaultSpec] = Field(default_factory=list, max_length=100)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    secret_env: dict[EnvName, SecretKeyRef] = Field(
+        default_factory=dict,
+        max_length=64,
+        json_schema_extra=keys_match_pattern,
+        description="Variables whose values come from Kubernetes Secrets, by reference (kubernetes).",
+    )
+    queue: QueueName | None = Field(
+        default=None, description="A Kueue LocalQueue in the job's namespace: the job waits there until admitted."
+    )
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=64, json_schema_extra=keys_match_pattern
     )
@@ -130,15 +223,34 @@ class JobSpec(StrictModel):
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    @property
+    def report_interval_s(self) -> float:
+        """How often each node's agent reports (the spec's, else the default for the job's size)."""
+        return self.progress.report_interval_s or default_report_interval(self.nodes)
+
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.backend == "kubernetes" and not self.image:
             raise ValueError("image is required when backend is kubernetes")
-        if self.backend == "local" and self.nodes != 1:
-            raise ValueError("nodes must be 1 for the local backend (it runs on one machine)")
-        for name in self.env:
+        if self.backend == "local" and self.nodes > MAX_LOCAL_NODES:
+            raise ValueError(f"nodes must be at most {MAX_LOCAL_NODES} for the local backend (every node runs here)")
+        floor = TIMEOUT_INTERVALS * self.report_interval_s
+        for name in ("heartbeat_timeout_s", "initial_heartbeat_timeout_s"):
+            if getattr(self.resiliency, name) < floor:
+                raise ValueError(
+                    f"resiliency.{name} must be at least {floor:g} s: {TIMEOUT_INTERVALS} node report intervals "
+                    f"of {self.report_interval_s:g} s (set progress.report_interval_s lower, or the timeout higher)"
+                )
+        for name in [*self.env, *self.secret_env]:
+            where = "env" if name in self.env else "secret_env"
             if name.startswith(RESERVED_ENV_PREFIX):
-                raise ValueError(f"env.{name}: variables starting with {RESERVED_ENV_PREFIX} are set by ftplane")
+                raise ValueError(f"{where}.{name}: variables starting with {RESERVED_ENV_PREFIX} are set by ftplane")
+            if name in self.env and name in self.secret_env:
+                raise ValueError(f"secret_env.{name}: also in env; give each variable once")
+        if self.backend != "kubernetes" and (only := kubernetes_only_fields(self)):
+            raise ValueError(f"{', '.join(only)}: only the kubernetes backend can honour this (backend is {self.backend})")
+        if self.nodes + self.resiliency.spare_nodes > 4096:
+            raise ValueError("nodes + resiliency.spare_nodes must be at most 4096")
         for i, fault in enumerate(self.faults):
             if fault.rank >= self.world_size:
                 raise ValueError(f"faults[{i}].rank {fault.rank} is outside the job's {self.world_size} ranks")

@@ -46,5 +46,5 @@ def request_fault(session: Session, job: Job, fault: FaultIn) -> FaultOut:
         kind=fault.kind,
         rank=fault.rank,
         at_step=fault.at_step,
-        delivery=fault_outbox.Delivery(row.delivery).value,
+        delivery="agent" if row.delivery == fault_outbox.Delivery.agent else "trainer",
     )

@@ -145,23 +145,43 @@ class Decision:
 
 # Causes after which restarting cannot help: the resiliency library already decided.
 FINAL_CAUSES = frozenset({CauseClass.verdict})
+# The `reason` fact of a scheduling failure the pending timeout declared (time_out_pending).
+PENDING_TIMEOUT = "PendingTimeout"
 
 
-def next_rung(job: Job, spec: JobSpec, failure: Failure) -> Decision:
-    """The escalation after `failure` of the job's current attempt: a job restart, or giving up."""
+def next_rung(job: Job, spec: JobSpec, failure: Failure, *, preemptions: int = 0) -> Decision:
+    """The escalation after `failure` of the job's current attempt: a job restart, or giving up.
+
+    A preemption (evicted, drained, reclaimed spot capacity, a queue taking the quota back) is not the job's
+    fault: its restart comes from a budget of its own, `resiliency.max_preemptions` (`preemptions`: those
+    spent so far), and neither spends `max_job_restarts` nor counts as a failure without progress."""
     cause = failure.cause
     if cause.cause_class in FINAL_CAUSES:
         return Decision(None, cause)
+    if cause.facts.get("reason") == PENDING_TIMEOUT and spec.resiliency.on_pending_timeout == "fail":
+        return Decision(None, cause.with_message(f"{cause.message}; resiliency.on_pending_timeout is fail"))
     new_nodes = tuple(n for n in dict.fromkeys(failure.nodes) if n and n not in job.excluded_nodes)
     moves = bool(new_nodes) and spec.resiliency.exclude_failed_nodes
+    exclude = new_nodes if moves else ()
+    rung = RUNG[RungName.job]
+    if cause.cause_class == CauseClass.preempted:
+        allowed = spec.resiliency.max_preemptions
+        if preemptions >= allowed:
+            return Decision(None, cause.with_message(f"{cause.message}; preemption budget ({allowed}) spent"))
+        return Decision(rung, cause, exclude=exclude)
     stalled = None if moves else progress_stalled(job)  # other hardware is a new condition, not a loop
     if stalled is not None:
         return Decision(None, stalled.with_message(f"{stalled.message} (last cause: {cause.message})"))
-    rung = RUNG[RungName.job]
     budget = rung.budget(spec)
-    if job.job_restarts >= budget:
+    if job.job_restarts - preemptions >= budget:
         return Decision(None, cause.with_message(f"{cause.message}; job restart budget ({budget}) spent"))
-    return Decision(rung, cause, exclude=new_nodes if moves else ())
+    return Decision(rung, cause, exclude=exclude)
+
+
+def preemptions_spent(session: Session, job: Job) -> int:
+    """Job restarts made after a preemption so far (they are not charged to max_job_restarts)."""
+    restarts = event_store.of_job(session, job.id, types=[EventType.job_restart.value])
+    return sum(1 for e in restarts if (e.details or {}).get("cause_class") == CauseClass.preempted.value)
 
 
 def progress_stalled(job: Job) -> Cause | None:
@@ -243,6 +263,7 @@ RECOVERY_EVENTS = frozenset(
     {
         EventType.rank_failed,
         EventType.node_failed,
+        EventType.node_unhealthy,
         EventType.hang_detected,
         EventType.heartbeat_lost,
         EventType.inprocess_restart,
@@ -259,11 +280,25 @@ def apply_reported_event(session: Session, job: Job, event: EventIn) -> None:
     if (event.type in RECOVERY_EVENTS or event.type == EventType.running) and job.status == JobStatus.PENDING:
         # The trainer already reports while the launch's own bookkeeping is still being committed.
         transition(session, job, JobStatus.SUBMITTED)
+    if event.type == EventType.injob_restart:
+        _in_job_restart_seen(session, job, event)
     if event.type == EventType.running:
         transition(session, job, JobStatus.RUNNING)
     elif event.type in RECOVERY_EVENTS and JobStatus(job.status) in (JobStatus.RUNNING, JobStatus.SUBMITTED):
         cause = Cause.of(event.details)
         transition(session, job, JobStatus.RECOVERING, cause if cause.message else cause.with_message(event.type))
+
+
+def _in_job_restart_seen(session: Session, job: Job, event: EventIn) -> None:
+    """The launcher restarted the ranks in place: count it, and note how far the job had got (a loop of restarts
+    that never gets past a step is stuck)."""
+    count = event.details.get("restart_count")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        return
+    attempt = current_attempt(session, job)
+    for _ in range(attempt.in_job_restarts, min(count, attempt.in_job_restarts + 100)):
+        note_failure(session, job, attempt)
+    attempt.in_job_restarts = max(attempt.in_job_restarts, count)
 
 
 # ---- attempt transitions --------------------------------------------------------------------------------
@@ -285,17 +320,17 @@ def current_attempt(session: Session, job: Job) -> Attempt:
     return row
 
 
-def attempt_launched(session: Session, job: Job, attempt: Attempt) -> None:
-    """The backend accepted the attempt: record `submitted`; the job is SUBMITTED if it was PENDING."""
+def attempt_launched(session: Session, job: Job, attempt: Attempt, *, note: str | None = None) -> None:
+    """The backend accepted the attempt: record `submitted` (with `note`, what the backend could not do as asked);
+    the job is SUBMITTED if it was PENDING."""
     now = utcnow()
     _move_attempt(attempt, AttemptStatus.LAUNCHED)
     attempt.launched_at = now
+    details: dict[str, Any] = {"backend": job.backend, "excluded_nodes": list(job.excluded_nodes)}
+    if note:
+        details["note"] = note
     event = EventIn(
-        key=f"submitted:a{job.attempt}",
-        type=EventType.submitted,
-        ts=now,
-        attempt=job.attempt,
-        details={"backend": job.backend, "excluded_nodes": list(job.excluded_nodes)},
+        key=f"submitted:a{job.attempt}", type=EventType.submitted, ts=now, attempt=job.attempt, details=details
     )
     record(session, job, [event])
     if job.status == JobStatus.PENDING:
@@ -364,18 +399,23 @@ def note_failure(session: Session, job: Job, attempt: Attempt) -> int:
 def attempt_failed(session: Session, job: Job, attempt: Attempt, failure: Failure) -> Decision:
     """The attempt is over without success: climb to the next rung, or give up. Database only: the new
     attempt is left PENDING for the launch duty, which first tears this one down."""
-    failed_step = note_failure(session, job, attempt)
+    preempted = failure.cause.cause_class == CauseClass.preempted
+    # a preemption says nothing about the job's progress: it does not count towards "no progress"
+    failed_step = highest_step(session, job, attempt) if preempted else note_failure(session, job, attempt)
     spec = spec_of(job)
-    decision = next_rung(job, spec, failure)
+    preemptions = preemptions_spent(session, job)
+    decision = next_rung(job, spec, failure, preemptions=preemptions)
     if decision.gives_up:
         fail(session, job, attempt, decision.cause)
         return decision
     finish_attempt(attempt, AttemptStatus.FAILED, failure.cause)
-    _restart(session, job, spec, decision, failed_step)
+    _restart(session, job, spec, decision, failed_step, preemptions + 1 if preempted else None)
     return decision
 
 
-def _restart(session: Session, job: Job, spec: JobSpec, decision: Decision, failed_step: int) -> None:
+def _restart(
+    session: Session, job: Job, spec: JobSpec, decision: Decision, failed_step: int, preemption: int | None
+) -> None:
     cause = decision.cause
     from_attempt = job.attempt
     new_attempt = from_attempt + 1
@@ -404,6 +444,8 @@ def _restart(session: Session, job: Job, spec: JobSpec, decision: Decision, fail
                 "failed_step": failed_step,
                 "restart": job.job_restarts + 1,
                 "budget": RUNG[RungName.job].budget(spec),
+                # a preemption's restart is counted against its own budget
+                **({"preemption": preemption, "preemption_budget": spec.resiliency.max_preemptions} if preemption else {}),
             },
         )
     )

@@ -1,13 +1,15 @@
-"""Ingest of what trainers and backends report: events (idempotent) and heartbeats (liveness)."""
+"""Ingest of what nodes, trainers and backends report: events (idempotent), heartbeats and node liveness."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from sqlalchemy.orm import Session
 
 from api.database.tables import Event, Job
 from api.models import events as event_store
 from api.models import faults as fault_outbox
-from api.models import liveness
+from api.models import liveness, nodes
 from api.schemas.events import (
     MAX_EVENTS_PER_BATCH,
     EventBatch,
@@ -16,6 +18,7 @@ from api.schemas.events import (
     FaultDirective,
     HeartbeatBatch,
 )
+from api.schemas.reports import NodeDirective, NodeReport, ReportResult
 from api.services import lifecycle, notifications
 
 
@@ -54,3 +57,34 @@ def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tupl
     pending = fault_outbox.undelivered(session, job.id, attempt, fault_outbox.Delivery.trainer, ranks=ranks)
     faults = [FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step) for f in pending]
     return accepted, faults
+
+
+def ingest_node_report(session: Session, job: Job, report: NodeReport) -> ReportResult:
+    """One node agent's report: its events, its ranks' heartbeats and its liveness; the reply hands it the faults
+    for its ranks (those it carries out are marked delivered as they go: at most once)."""
+    stored: list[Event] = []
+    duplicates = 0
+    if report.events:
+        stored, duplicates = ingest_events(session, job, EventBatch(events=report.events))
+    if report.attempt < job.attempt:  # a straggler of an attempt already replaced: only its events count
+        return ReportResult(stored=len(stored), duplicates=duplicates, accepted=0)
+    accepted = 0
+    if report.heartbeats:
+        accepted = liveness.record_heartbeats(session, job.id, report.attempt, report.heartbeats)
+        notifications.heartbeats_ingested(accepted)
+        total = max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
+        if total is not None and total != job.total_steps:
+            job.total_steps = total
+    nodes.record(session, job.id, report.node, report.attempt, report.agent)
+    ranks = {r.rank for r in report.agent.ranks} | {b.rank for b in report.heartbeats}
+    faults: list[NodeDirective] = []
+    if ranks:
+        for delivery in (fault_outbox.Delivery.agent, fault_outbox.Delivery.trainer):
+            pending = fault_outbox.undelivered(session, job.id, report.attempt, delivery, ranks=ranks)
+            if delivery == fault_outbox.Delivery.agent:
+                fault_outbox.mark_delivered(pending)
+            by: Literal["agent", "trainer"] = "agent" if delivery == fault_outbox.Delivery.agent else "trainer"
+            faults += [
+                NodeDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step, delivery=by) for f in pending
+            ]
+    return ReportResult(stored=len(stored), duplicates=duplicates, accepted=accepted, faults=faults)

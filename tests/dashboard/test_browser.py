@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.dashboard.scenario import job_with_restarts
+from tests.support.live_api import serve_in_thread
 from tests.webhooks.support import post_events
 
 pytestmark = pytest.mark.browser
@@ -32,23 +31,9 @@ def require_chromium() -> None:
 
 @pytest.fixture
 def server(app: Any) -> Iterator[str]:
-    """The app on a real port (uvicorn in a thread), for the browser."""
-    import uvicorn
-
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not (server.started and server.servers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    """The app on a real port, for the browser."""
+    with serve_in_thread(app) as url:
+        yield url
 
 
 def test_log_in_and_see_a_restart_on_the_timeline(server: str, admin: TestClient, admin_token: str) -> None:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import time
 from typing import Any
 
 import pytest
@@ -16,7 +12,6 @@ from tests.kubernetes.k8s_support import JOB_ID, TOKEN, make_request, make_spec,
 from workers.backends.base import launcher_arguments
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.kubernetes import manifests as m
-from workers.backends.kubernetes.faults import SIGNAL_RANK_SCRIPT
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -200,46 +195,3 @@ def test_pod_index_for_rank_follows_the_rendezvous_order():
     twelve = make_spec(nodes=12, procs_per_node=8)
     # host names sort as text: ...-0, -1, -10, -11, -2, ...
     assert [m.pod_index_for_rank(twelve, node_rank * 8) for node_rank in range(5)] == [0, 1, 10, 11, 2]
-
-
-def test_signal_rank_script_signals_the_process_with_that_rank():
-    """The exec script for crash/hang, run for real against local processes."""
-    rank = str(900_000 + os.getpid() % 90_000)  # no other process here carries it
-    worker = subprocess.Popen(["sleep", "30"], env={**os.environ, "RANK": rank})
-    bystander = subprocess.Popen(["sleep", "30"], env={**os.environ, "RANK": rank + "1"})
-    try:
-        out = subprocess.run(
-            ["sh", "-c", SIGNAL_RANK_SCRIPT, "ftplane-fault", "STOP", rank],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        assert out.returncode == 0 and f"signalled {worker.pid}" in out.stdout
-        deadline = time.time() + 5
-        while time.time() < deadline:
-            with open(f"/proc/{worker.pid}/stat") as f:
-                if f.read().split(") ")[1].startswith("T"):
-                    break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the process was not stopped")
-        out = subprocess.run(
-            ["sh", "-c", SIGNAL_RANK_SCRIPT, "ftplane-fault", "KILL", rank],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        assert out.returncode == 0
-        assert worker.wait(timeout=5) == -signal.SIGKILL
-        assert bystander.poll() is None
-        out = subprocess.run(
-            ["sh", "-c", SIGNAL_RANK_SCRIPT, "ftplane-fault", "KILL", rank],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        assert out.returncode == 3 and "no process with RANK=" in out.stdout
-    finally:
-        for p in (worker, bystander):
-            p.kill()
-            p.wait()

@@ -57,7 +57,6 @@ def supervise(job_id: str | None = None, *, force_launch: bool = False) -> None:
     from api.core.db import session_scope
     from workers.supervision import (
         cancel_jobs,
-        deliver_faults,
         detect_silent_ranks,
         launch_attempts,
         reconcile_attempts,
@@ -74,7 +73,6 @@ def supervise(job_id: str | None = None, *, force_launch: bool = False) -> None:
             launch_attempts,
             reconcile_attempts,
             detect_silent_ranks,
-            deliver_faults,
             time_out_pending,
             cancel_jobs,
             release_finished_jobs,

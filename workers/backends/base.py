@@ -60,19 +60,11 @@ class AttemptStatus:
     events: list[ObservedEvent] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class FaultRequest:
-    id: str
-    kind: str  # exception | crash | hang | node_loss
-    rank: int
-
-
-class FaultNotSupported(Exception):
-    """The backend cannot inject this kind of fault directly (the trainer will be asked instead)."""
-
-
 class Backend(Protocol):
     name: str
+    # Whether a new attempt can avoid the nodes the lifecycle excluded (the local backend cannot: every node
+    # runs on this machine).
+    can_exclude_nodes: bool
 
     def render(self, request: LaunchRequest) -> str:
         """What `launch` would start, as text (YAML manifests, a command line), without starting it."""
@@ -83,10 +75,6 @@ class Backend(Protocol):
         ...
 
     def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus: ...
-
-    def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
-        """Inject now; raise FaultNotSupported when only the trainer can do it."""
-        ...
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         """Tear the attempt down entirely. Idempotent."""
@@ -128,10 +116,33 @@ def trainer_environment(request: LaunchRequest) -> dict[str, str]:
     return env
 
 
-def launcher_arguments(spec: JobSpec, *, nnodes: int, rdzv_endpoint: str, rdzv_id: str) -> list[str]:
-    """The `ft_launcher` command line shared by the backends (flags common to NVRx 0.4 and 0.7)."""
+def agent_environment(request: LaunchRequest) -> dict[str, str]:
+    """What the node agent reads besides the trainer's variables (which it passes on to the ranks)."""
+    env = trainer_environment(request)
+    progress = request.spec.progress
+    if progress.log_pattern:
+        env["FTPLANE_LOG_PATTERN"] = progress.log_pattern
+    env["FTPLANE_REPORT_INTERVAL_S"] = str(request.spec.report_interval_s)
+    return env
+
+
+def launcher_arguments(
+    spec: JobSpec,
+    *,
+    nnodes: int,
+    rdzv_endpoint: str,
+    rdzv_id: str,
+    log_dir: str | None = None,
+    extra: list[str] | None = None,
+) -> list[str]:
+    """The `ft_launcher` command line shared by the backends (flags common to NVRx 0.4 and 0.7).
+
+    The ranks' output is teed (`--tee=3`): the node agent reads each rank's lines from the launcher's
+    output, and keeps a copy per rank under `log_dir`.
+    """
     r = spec.resiliency
     in_job_budget = lifecycle.budgets(spec).in_job
+    teed = ["--tee=3", f"--log-dir={log_dir}"] if log_dir else ["--tee=3"]
     return [
         "ft_launcher",
         f"--nnodes={nnodes}",
@@ -144,6 +155,8 @@ def launcher_arguments(spec: JobSpec, *, nnodes: int, rdzv_endpoint: str, rdzv_i
         f"--ft-rank-heartbeat-timeout={r.heartbeat_timeout_s}",
         "--ft-restart-policy=any-failed",
         "--monitor-interval=1",
+        *teed,
+        *(extra or []),
         "--no-python",  # the spec's command is a full command line, not a script for the launcher's Python
         *spec.command,
     ]

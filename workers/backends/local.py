@@ -1,18 +1,24 @@
-"""The local backend: each attempt is an `ft_launcher` process tree on this machine (CPU + gloo).
+"""The local backend: each node of an attempt is a node agent on this machine, with its own ft_launcher (CPU + gloo).
 
-State lives on disk under `FTPLANE_LOCAL_RUNS_DIR/<job>/a<attempt>/`: `launch.json`
-(runner pid, start time, command), `launcher.log`, the trainer token (mode 0600)
-and `exit_code`, written by the runner when the launcher ends. A worker that
-restarts reads it back, so running jobs are re-adopted, not lost.
+A job of `nodes` > 1 runs as that many agents, joined in one rendezvous over loopback, so
+multi-node behaviour (a node lost, a node blamed) runs for real on one machine. The node agent
+(trainer/agent) reports everything about the ranks itself; this backend only starts the agents,
+reads how each ended, and stops them.
+
+State lives on disk under `FTPLANE_LOCAL_RUNS_DIR/<job>/a<attempt>/n<node>/`: `launch.json`
+(runner pid, start time), `output.log` (the agent's own log), `agent/` (its socket and the
+launcher's output, `agent/launcher.log`) and `exit_code`, written by the runner when the agent
+ends. A worker that restarts reads it back, so running jobs are re-adopted, not lost.
+
+Every node runs on this one machine: a node blamed for a fault is recorded (the lifecycle
+excludes it) but cannot be avoided here; the next attempt says so in its `submitted` event.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -21,34 +27,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from api.core.config import get_settings
-from api.schemas.causes import Cause, CauseClass, describe_exit, signal_name
+from api.schemas.causes import Cause, CauseClass, describe_exit
 from api.schemas.spec import JobSpec
-from api.services import lifecycle
+from trainer.agent import exit_codes
+from trainer.agent.processes import descendants, process_start_time
 from workers.backends.base import (
     AttemptPhase,
     AttemptStatus,
-    FaultNotSupported,
-    FaultRequest,
     LaunchRequest,
-    ObservedEvent,
+    agent_environment,
     launcher_arguments,
-    trainer_environment,
 )
 
-RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-FINAL_FAILURE = re.compile(r"ProcessFailure\(local_rank=(\d+), pid=(\d+), exitcode=(-?\d+)")
-# A rank monitor's log line when ft_launcher is about to kill its rank for silence; the monitor names the
-# rank it serves (on one host, the local backend's only kind, the global rank is the local rank).
-HEARTBEAT_TIMEOUT = re.compile(
-    r"\[RankMonServer\d+@[^\]:]*:(\d+)\] Did not get (?:initial|subsequent) heartbeat\. Waited ([\d.]+) seconds"
-)
-GROUP_RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
-LOG_TAIL_BYTES = 64 * 1024
-TERMINATE_GRACE_S = 10.0
+TERMINATE_GRACE_S = 15.0  # the agents pass SIGTERM on to their launchers, which stop the ranks
 
 
 def free_port() -> int:
@@ -57,73 +52,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@dataclass(frozen=True)
-class RankExit:
-    local_rank: int
-    pid: int
-    exit_code: int
-    silent_s: float | None = None  # set when ft_launcher killed the rank for no heartbeat in this long
-
-    @property
-    def cause(self) -> Cause:
-        """Why this rank ended, as the launcher saw it: killed for silence (a hang), or its exit."""
-        facts: dict[str, object] = {"rank": self.local_rank, "exit_code": self.exit_code, "pid": self.pid}
-        if self.exit_code < 0:
-            facts["signal"] = signal_name(-self.exit_code)
-        if self.silent_s is not None:
-            facts["silent_s"] = self.silent_s
-            text = f"{describe_exit(self.exit_code)} (ft_launcher: no heartbeat for {self.silent_s:g} s)"
-            return Cause(CauseClass.hang, text, facts)
-        return Cause(CauseClass.crash, describe_exit(self.exit_code), facts)
-
-
-def parse_launcher_log(log: str) -> list[list[RankExit]]:
-    """The rank failures of each round of the worker group; a new round starts at each in-job restart."""
-    boundaries = [m.end() for m in GROUP_RESTART.finditer(log)]
-    rounds: list[list[RankExit]] = [[] for _ in range(len(boundaries) + 1)]
-    found = [(m.start(), RankExit(int(m[2]), int(m[3]), int(m[1]))) for m in RANK_EXIT.finditer(log)]
-    found += [(m.start(), RankExit(int(m[1]), int(m[2]), int(m[3]))) for m in FINAL_FAILURE.finditer(log)]
-    silent: dict[tuple[int, int], float] = {}  # (round, rank) -> the heartbeat timeout that elapsed
-    for m in HEARTBEAT_TIMEOUT.finditer(log):
-        silent.setdefault((bisect.bisect_left(boundaries, m.start()), int(m[1])), float(m[2]))
-    seen: set[int] = set()
-    for position, failure in sorted(found, key=lambda item: item[0]):
-        if failure.pid not in seen:
-            seen.add(failure.pid)
-            round_ = bisect.bisect_left(boundaries, position)
-            timeout = silent.get((round_, failure.local_rank)) if failure.exit_code < 0 else None
-            rounds[round_].append(replace(failure, silent_s=timeout))
-    return rounds
-
-
-def root_cause(failures: list[RankExit]) -> Cause | None:
-    """A rank killed for silence, else one killed by a signal, is the root cause; ranks that then exit 1 on a
-    broken collective, or are killed as the worker group is torn down, are collateral."""
-    if not failures:
-        return None
-    silent = [f for f in failures if f.silent_s is not None]
-    signalled = [f for f in failures if f.exit_code < 0]
-    first = (silent or signalled or failures)[0]
-    cause = first.cause
-    return cause.with_message(f"rank {first.local_rank} {cause.message}")
-
-
-GROUP_FAILED = Cause(CauseClass.unknown, "worker group failed")
+def node_name(index: int) -> str:
+    return f"{socket.gethostname()}-n{index}"
 
 
 @dataclass(frozen=True)
-class LocalAttempt:
-    """The on-disk record of one local attempt."""
+class LocalNode:
+    """The on-disk record of one node of one local attempt."""
 
     path: Path
+    name: str
 
     @property
     def launch_file(self) -> Path:
         return self.path / "launch.json"
 
     @property
-    def log_file(self) -> Path:
-        return self.path / "launcher.log"
+    def agent_dir(self) -> Path:
+        return self.path / "agent"
 
     def launched(self) -> dict[str, object] | None:
         try:
@@ -137,72 +83,24 @@ class LocalAttempt:
         except (FileNotFoundError, ValueError):
             return None
 
-    def log_tail(self) -> str:
-        try:
-            with open(self.log_file, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
-                return f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-
     def log_text(self) -> str:
-        try:
-            return self.log_file.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        """The agent's log and the launcher's output (ranks' lines included)."""
+        parts = []
+        for path in (self.path / "output.log", self.agent_dir / "launcher.log"):
+            with contextlib.suppress(FileNotFoundError):
+                parts.append(path.read_text(errors="replace"))
+        return "\n".join(parts)
 
-
-def process_start_time(pid: int) -> int | None:
-    """Start time in clock ticks since boot: tells a live process from a recycled pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has ended
-        return None
-    return int(fields[19])
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found: list[int] = []
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def parent_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
+    def alive(self) -> bool:
+        record = self.launched()
+        if record is None:
+            return False
+        started = process_start_time(int(record["pid"]))  # type: ignore[call-overload]
+        return started is not None and started == record.get("start_time")
 
 
 def runner_of(state_dir: Path) -> int | None:
-    """The live `local_runner` process of this attempt directory, if there is one."""
+    """The live `local_runner` process of this node directory, if there is one."""
     wanted = [b"-m", b"workers.backends.local_runner", str(state_dir).encode()]
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -216,187 +114,183 @@ def runner_of(state_dir: Path) -> int | None:
     return None
 
 
-def _write_record(run: LocalAttempt, record: Mapping[str, object]) -> None:
-    tmp = run.path / "launch.json.tmp"
+def _write_record(node: LocalNode, record: Mapping[str, object]) -> None:
+    tmp = node.path / "launch.json.tmp"
     tmp.write_text(json.dumps(record))
-    os.replace(tmp, run.launch_file)
+    os.replace(tmp, node.launch_file)
+
+
+def node_outcome(node: LocalNode, code: int) -> tuple[AttemptPhase, Cause | None]:
+    """What one node's agent ending with `code` means (the runner records a signal as its negative)."""
+    if code == 0:
+        return AttemptPhase.succeeded, None
+    if code == exit_codes.NODE_UNHEALTHY:
+        text = f"node {node.name} reported itself unhealthy (its agent's node_unhealthy event says why)"
+        return AttemptPhase.failed, Cause(CauseClass.node, text, {"node": node.name, "exit_code": code})
+    if code == exit_codes.VERDICT:
+        text = f"ft_launcher on node {node.name} decided not to restart (exit {code}: no progress, or its attribution)"
+        return AttemptPhase.failed, Cause(CauseClass.verdict, text, {"node": node.name, "exit_code": code})
+    if code == -signal.SIGKILL:
+        text = f"node {node.name} lost: its agent was killed"
+        return AttemptPhase.failed, Cause(CauseClass.node, text, {"node": node.name, "exit_code": code})
+    text = f"ft_launcher on node {node.name} exited with {describe_exit(code)}"
+    return AttemptPhase.failed, Cause(CauseClass.crash, text, {"node": node.name, "exit_code": code})
 
 
 class LocalBackend:
     name = "local"
+    can_exclude_nodes = False
 
     def __init__(self, runs_dir: Path | None = None) -> None:
         self.runs_dir = runs_dir or get_settings().resolved_runs_dir
 
-    def attempt_dir(self, job_id: str, attempt: int) -> LocalAttempt:
-        return LocalAttempt(self.runs_dir / job_id / f"a{attempt}")
+    def attempt_dir(self, job_id: str, attempt: int) -> Path:
+        return self.runs_dir / job_id / f"a{attempt}"
 
-    def command(self, request: LaunchRequest, port: int) -> list[str]:
+    def nodes(self, job_id: str, attempt: int, spec: JobSpec) -> list[LocalNode]:
+        base = self.attempt_dir(job_id, attempt)
+        return [LocalNode(base / f"n{i}", node_name(i)) for i in range(spec.nodes)]
+
+    def command(self, request: LaunchRequest, node: LocalNode, index: int, port: int) -> list[str]:
         rdzv_id = f"{request.job_id[:12]}-a{request.attempt}"
-        return launcher_arguments(request.spec, nnodes=1, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=rdzv_id)
+        launcher = launcher_arguments(
+            request.spec,
+            nnodes=request.spec.nodes,
+            rdzv_endpoint=f"127.0.0.1:{port}",
+            rdzv_id=rdzv_id,
+            log_dir=str(node.agent_dir / "ranks"),
+            extra=[f"--rdzv-conf=is_host={'true' if index == 0 else 'false'}"],
+        )
+        return [sys.executable, "-m", "trainer.agent", "--node", node.name, "--", *launcher]
 
     def render(self, request: LaunchRequest) -> str:
-        env = trainer_environment(request)
+        nodes = self.nodes(request.job_id, request.attempt, request.spec)
+        env = agent_environment(request)
         env["FTPLANE_TOKEN"] = "<job token>"
-        lines = [f"# job {request.job_id} attempt {request.attempt}: one ft_launcher process tree on this host"]
+        lines = [
+            f"# job {request.job_id} attempt {request.attempt}: {len(nodes)} node agent(s) on this host, "
+            "each starting its own ft_launcher"
+        ]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-        lines.append(shlex.join(self.command(request, port=29500)))
+        lines += [shlex.join(self.command(request, node, i, port=29500)) for i, node in enumerate(nodes)]
         return "\n".join(lines) + "\n"
 
     def launch(self, request: LaunchRequest) -> None:
-        run = self.attempt_dir(request.job_id, request.attempt)
-        if run.launched() is not None or self._adopt(run):
-            return
-        run.path.mkdir(parents=True, exist_ok=True)
+        """Start every node's agent that is not started yet (idempotent, node by node)."""
+        nodes = self.nodes(request.job_id, request.attempt, request.spec)
         port = free_port()
-        command = self.command(request, port)
         bin_dir = str(Path(sys.executable).parent)
-        launcher = shutil.which("ft_launcher", path=bin_dir + os.pathsep + os.environ.get("PATH", ""))
-        if launcher is None:
+        if shutil.which("ft_launcher", path=bin_dir + os.pathsep + os.environ.get("PATH", "")) is None:
             raise RuntimeError("ft_launcher not found: install ftplane with the [trainer] extra")
-        command[0] = launcher
-        env = dict(os.environ)
-        env.update(trainer_environment(request))
-        env.update(
-            {
-                "FTPLANE_TOKEN": request.token,
-                "FTPLANE_MASTER_ADDR": "127.0.0.1",
-                "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
         if request.spec.checkpoint.dir:
             Path(request.spec.checkpoint.dir).mkdir(parents=True, exist_ok=True)
-        runner = [sys.executable, "-m", "workers.backends.local_runner", str(run.path), "--", *command]
-        process = subprocess.Popen(
-            runner,
-            env=env,
-            cwd=os.getcwd(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: it outlives the worker and dies as one on cancel
-        )
-        record = {
-            "pid": process.pid,
-            "start_time": process_start_time(process.pid),
-            "port": port,
-            "command": command,
-            "launched_at": time.time(),
-        }
-        _write_record(run, record)
+        for index, node in enumerate(nodes):
+            if node.launched() is not None or self._adopt(node):
+                continue
+            node.path.mkdir(parents=True, exist_ok=True)
+            env = dict(os.environ)
+            env.update(agent_environment(request))
+            env.update(
+                {
+                    "FTPLANE_TOKEN": request.token,
+                    "FTPLANE_NODE_NAME": node.name,
+                    "FTPLANE_AGENT_DIR": str(node.agent_dir),
+                    "FTPLANE_MASTER_ADDR": "127.0.0.1",
+                    "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
+                    "PYTHONUNBUFFERED": "1",
+                }
+            )
+            command = self.command(request, node, index, port)
+            runner = [sys.executable, "-m", "workers.backends.local_runner", str(node.path), "--", *command]
+            process = subprocess.Popen(
+                runner,
+                env=env,
+                cwd=os.getcwd(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: it outlives the worker and dies as one on cancel
+            )
+            record = {
+                "pid": process.pid,
+                "start_time": process_start_time(process.pid),
+                "port": port,
+                "node": node.name,
+                "launched_at": time.time(),
+            }
+            _write_record(node, record)
 
-    def _adopt(self, run: LocalAttempt) -> bool:
+    def _adopt(self, node: LocalNode) -> bool:
         """Record a launch whose own record was lost: a worker killed between starting the runner and
-        writing launch.json. Launching again would run the attempt twice; the runner is adopted instead
+        writing launch.json. Launching again would run the node twice; the runner is adopted instead
         (or, if it has already ended, its log and exit code stand for it)."""
-        pid = runner_of(run.path)
-        if pid is None and not run.log_file.exists():
+        pid = runner_of(node.path)
+        if pid is None and not (node.path / "output.log").exists():
             return False  # nothing was started: launch
         started = process_start_time(pid) if pid is not None else None
         record = {
             "pid": pid or 0,
             "start_time": started if started is not None else -1,  # -1: never alive
             "port": None,
-            "command": None,
+            "node": node.name,
             "launched_at": time.time(),
             "adopted": True,
         }
-        _write_record(run, record)
+        _write_record(node, record)
         return True
 
-    def _alive(self, record: dict[str, object]) -> bool:
-        pid = int(record["pid"])  # type: ignore[call-overload]
-        started = process_start_time(pid)
-        return started is not None and started == record.get("start_time")
-
     def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
-        run = self.attempt_dir(job_id, attempt)
-        record = run.launched()
-        if record is None:
+        nodes = self.nodes(job_id, attempt, spec)
+        if all(node.launched() is None for node in nodes):
             return AttemptStatus(
                 AttemptPhase.missing, cause=Cause(CauseClass.unknown, "no launch record for this attempt on this host")
             )
-        rounds = parse_launcher_log(run.log_text())
-        node = socket.gethostname()
-        events = [
-            ObservedEvent(
-                key=f"local:a{attempt}:pid{f.pid}:exit",
-                type="rank_failed",
-                rank=f.local_rank,
-                node=node,
-                details={**f.cause.details(), "source": "launcher"},
-            )
-            for failures in rounds
-            for f in failures
-        ]
-        restarts = len(rounds) - 1
-        causes = tuple(root_cause(r) or GROUP_FAILED for r in rounds[:-1])
-        last_cause = next((root_cause(r) for r in reversed(rounds) if r), None)
-        code = run.exit_code()
-        if code is not None:
-            if code == 0:
-                return AttemptStatus(
-                    AttemptPhase.succeeded, in_job_restarts=restarts, restart_causes=causes, events=events
-                )
-            text = f"ft_launcher exited with {describe_exit(code)}"
-            cause = Cause(CauseClass.crash, text, {"exit_code": code})
-            if last_cause:
-                budget = lifecycle.budgets(spec).in_job
-                text += f" after rank failure ({last_cause.message}); in-job restart budget ({budget}) spent"
-                cause = last_cause.with_message(text)
-            return AttemptStatus(
-                AttemptPhase.failed, cause=cause, in_job_restarts=restarts, restart_causes=causes, events=events
-            )
-        if self._alive(record):
-            return AttemptStatus(
-                AttemptPhase.running, cause=last_cause, in_job_restarts=restarts, restart_causes=causes, events=events
-            )
-        return AttemptStatus(
-            AttemptPhase.failed,
-            cause=Cause(
-                CauseClass.node, "the launcher process disappeared without an exit code (host restart or killed)"
-            ),
-            in_job_restarts=restarts,
-            restart_causes=causes,
-            events=events,
-        )
-
-    def rank_pids(self, job_id: str, attempt: int, rank: int) -> list[int]:
-        """Worker processes of `rank` (not their own children, such as checkpoint writers)."""
-        record = self.attempt_dir(job_id, attempt).launched()
-        if record is None or not self._alive(record):
-            return []
-        tree = descendants(int(record["pid"]))  # type: ignore[call-overload]
-        with_rank = {pid for pid in tree if environ_of(pid).get("RANK") == str(rank)}
-        return sorted(pid for pid in with_rank if parent_of(pid) not in with_rank)
-
-    def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
-        signals = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
-        if fault.kind not in signals:
-            raise FaultNotSupported(f"the local backend cannot inject {fault.kind!r} itself")
-        pids = self.rank_pids(job_id, attempt, fault.rank)
-        if not pids:
-            raise RuntimeError(f"rank {fault.rank} of job {job_id} attempt {attempt} has no running process")
-        for pid in pids:
-            os.kill(pid, signals[fault.kind])
+        failures: list[tuple[LocalNode, Cause]] = []
+        running = 0
+        for node in nodes:
+            code = node.exit_code()
+            if code is not None:
+                phase, cause = node_outcome(node, code)
+                if phase == AttemptPhase.failed and cause is not None:
+                    failures.append((node, cause))
+            elif node.alive():
+                running += 1
+            elif node.launched() is None:
+                running += 1  # not launched yet: a launch in progress
+            else:
+                text = f"node {node.name} lost: its agent disappeared without an exit code (host restart or killed)"
+                failures.append((node, Cause(CauseClass.node, text, {"node": node.name})))
+        if failures:
+            # The first blamed node (lost, unhealthy) over one whose launcher merely gave up after a peer failed.
+            blamed = [f for f in failures if f[1].cause_class in (CauseClass.node, CauseClass.verdict)]
+            node, cause = (blamed or failures)[0]
+            failed_nodes = tuple(n.name for n, c in failures if c.cause_class == CauseClass.node)
+            return AttemptStatus(AttemptPhase.failed, cause=cause, failed_nodes=failed_nodes)
+        if running:
+            return AttemptStatus(AttemptPhase.running)
+        return AttemptStatus(AttemptPhase.succeeded)
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
-        run = self.attempt_dir(job_id, attempt)
-        record = run.launched()
-        if record is None or not self._alive(record):
-            return
-        pgid = int(record["pid"])  # type: ignore[call-overload]
-        members = [pgid, *descendants(pgid)]
-        self._signal_group(pgid, members, signal.SIGCONT)  # stopped (hung) ranks can't handle SIGTERM
-        self._signal_group(pgid, members, signal.SIGTERM)
+        """Stop every node's agent (each stops its launcher and ranks), then kill what is left."""
+        groups: list[tuple[int, list[int]]] = []
+        for node in self.nodes(job_id, attempt, spec):
+            record = node.launched()
+            if record is None or not node.alive():
+                continue
+            pgid = int(record["pid"])  # type: ignore[call-overload]
+            groups.append((pgid, [pgid, *descendants(pgid)]))
+        for pgid, members in groups:
+            self._signal_group(pgid, members, signal.SIGCONT)  # stopped (hung) ranks can't handle SIGTERM
+            self._signal_group(pgid, members, signal.SIGTERM)
         deadline = time.monotonic() + TERMINATE_GRACE_S
-        while time.monotonic() < deadline and any(process_start_time(p) for p in members):
+        everyone = [pid for _, members in groups for pid in members]
+        while time.monotonic() < deadline and any(process_start_time(p) for p in everyone):
             time.sleep(0.1)
-        self._signal_group(pgid, members, signal.SIGKILL)
+        for pgid, members in groups:
+            self._signal_group(pgid, members, signal.SIGKILL)
 
     def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:
-        """Nothing outlives an attempt here but its log and state, kept on disk for reading."""
+        """Nothing outlives an attempt here but its logs and state, kept on disk for reading."""
         for attempt_dir in sorted((self.runs_dir / job_id).glob("a*")):
             self.cancel(job_id, int(attempt_dir.name[1:]), spec)
 

@@ -5,7 +5,6 @@
     reconcile_attempts     read each launched attempt's status from its backend, record what the
                            backend saw, and end the attempt when it is over
     detect_silent_ranks    hang_detected for ranks past their heartbeat timeout (database only)
-    deliver_faults         hand the faults a backend injects itself to that backend
     time_out_pending       give up on attempts that never started running within the spec's timeout
     cancel_jobs            tear down jobs whose cancellation was asked for
     release_finished_jobs  free what an ended job leaves behind (processes, pods, Secrets, tokens)

@@ -5,7 +5,9 @@ found while the cluster's API cannot be read. It watches attempts that were seen
 
 The in-pod launcher restarts a hung rank on its own (same timeouts); when a hang
 outlives twice the timeout, the launcher could not recover it and the
-supervisor escalates to a job-level restart.
+supervisor escalates to a job-level restart. The escalation blames the silent ranks' nodes (the
+next attempt avoids them), unless every node of the job has a silent rank: a hang of the whole job
+is the program's or the network's, not one node's.
 
 A rank that has not beaten since a failure or restart was reported is not hung but
 restarting: like ft_launcher after it restarts workers, it gets the initial timeout,
@@ -48,6 +50,7 @@ class Silence:
     cause: str
     escalate: bool  # silent for twice the timeout: in-job recovery did not work
     silent_s: float
+    nodes: tuple[str, ...] = ()  # the silent ranks' nodes, when they are not all of the job's
 
 
 def run_once(session: Session) -> int:
@@ -64,7 +67,7 @@ def check(session: Session, job: Job) -> None:
     if silence is None or not silence.escalate:
         return
     cause = Cause(CauseClass.hang, f"hang not recovered in-job: {silence.cause}", {"silent_s": silence.silent_s})
-    decision = lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause))
+    decision = lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause, silence.nodes))
     if not decision.gives_up:  # the launch duty would find it too; this saves waiting for its pass
         notifications.after_commit(session, lambda: queue.send(queue.SUBMIT_JOB, job.id))
 
@@ -138,7 +141,12 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     if not silent:
         return None
     summary = f"{len(silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
-    return Silence(summary, escalate=overdue > timeout, silent_s=round(worst, 3))
+    nodes = tuple(sorted({r.node for r in silent if r.node}))
+    if len(nodes) >= spec.nodes:  # every node has a silent rank: no one node is to blame
+        nodes = ()
+    if nodes:
+        summary += f" on node(s) {', '.join(nodes)}"
+    return Silence(summary, escalate=overdue > timeout, silent_s=round(worst, 3), nodes=nodes)
 
 
 def _event(

@@ -79,4 +79,10 @@ def launch_job(session: Session, job: Job) -> None:
         log.exception("launch of job %s attempt %s failed", job.id, job.attempt)
         lifecycle.fail(session, job, attempt, cause)
         return
-    lifecycle.attempt_launched(session, job, attempt)
+    note = None
+    if job.excluded_nodes and not getattr(backend, "can_exclude_nodes", True):
+        note = (
+            f"the {job.backend} backend cannot avoid the excluded node(s) {', '.join(job.excluded_nodes)}: "
+            "the blame is recorded, the attempt runs where the backend can run it"
+        )
+    lifecycle.attempt_launched(session, job, attempt, note=note)

@@ -1,18 +1,24 @@
 """Duty: an attempt launched but not running within `resiliency.pending_timeout_s` is a failure.
 
 It records `scheduling_failed` with what the attempt was waiting for (the backend's last pending
-cause), and the lifecycle decides the next rung (a job restart, or FAILED). The launch duty then
-tears the partial attempt down, freeing what it held. Database only.
+cause), and the lifecycle decides what follows (`resiliency.on_pending_timeout`: a job restart, or
+FAILED). The launch duty then tears the partial attempt down (or, for a job that failed, the release
+duty), freeing what it held. Database only.
+
+Waiting in a queue is not pending: while the backend says the attempt is queued (its latest `queued`
+event says `queue_state: waiting`), no timeout runs, and once the queue admits it the timeout counts
+from the admission.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session
 
 from api.core import queue
-from api.database.tables import Job
+from api.database.tables import Attempt, Job
+from api.models import events as event_store
 from api.models import jobs as job_store
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType, utcnow
@@ -31,14 +37,17 @@ def check(session: Session, job: Job) -> None:
     attempt = lifecycle.current_attempt(session, job)
     if timeout is None or attempt.status != AttemptStatus.LAUNCHED or attempt.launched_at is None:
         return
-    waited = utcnow() - attempt.launched_at
+    since, what = pending_since(session, job, attempt)
+    if since is None:
+        return  # queued: the queue decides when it runs
+    waited = utcnow() - since
     if waited <= timedelta(seconds=timeout):
         return
     waiting_for = attempt.cause or "the backend gave no reason"
     cause = Cause(
         CauseClass.scheduling,
-        f"not running {waited.total_seconds():.0f} s after launch (pending timeout {timeout:g} s): {waiting_for}",
-        {"reason": waiting_for},
+        f"not running {waited.total_seconds():.0f} s after {what} (pending timeout {timeout:g} s): {waiting_for}",
+        {"reason": lifecycle.PENDING_TIMEOUT},
     )
     event = EventIn(
         key=f"scheduling_failed:a{job.attempt}",
@@ -50,3 +59,20 @@ def check(session: Session, job: Job) -> None:
     decision = lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause))
     if not decision.gives_up:
         notifications.after_commit(session, lambda: queue.send(queue.SUBMIT_JOB, job.id))
+
+
+def pending_since(session: Session, job: Job, attempt: Attempt) -> tuple[datetime | None, str]:
+    """When the attempt's pending time began (its launch, or its admission by the queue), and what that was;
+    None while it waits in a queue."""
+    assert attempt.launched_at is not None
+    queued = [e for e in event_store.of_job(session, job.id, types=[EventType.queued.value]) if e.attempt == job.attempt]
+    if not queued:
+        return attempt.launched_at, "launch"
+    latest = queued[-1]
+    if (latest.details or {}).get("queue_state") == "admitted":
+        return max(_aware(latest.ts), attempt.launched_at), "admission by the queue"
+    return None, "queued"
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)

@@ -11,7 +11,6 @@ from api.core.db import session_scope
 from workers.celery_app import celery_app
 from workers.supervision import (
     cancel_jobs,
-    deliver_faults,
     detect_silent_ranks,
     launch_attempts,
     reconcile_attempts,
@@ -42,11 +41,6 @@ def reconcile_attempts_task() -> int:
 @celery_app.task(name="ftplane.detect_silent_ranks")
 def detect_silent_ranks_task() -> int:
     return _pass("detect silent ranks", detect_silent_ranks.run_once)
-
-
-@celery_app.task(name="ftplane.deliver_faults")
-def deliver_faults_task() -> int:
-    return _pass("deliver faults", deliver_faults.run_once)
 
 
 @celery_app.task(name="ftplane.time_out_pending_attempts")

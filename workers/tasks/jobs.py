@@ -3,12 +3,10 @@ instead of waiting for the duty's next pass (which would do the same if the task
 
 from __future__ import annotations
 
-from typing import Any
-
 from api.core import queue
 from api.core.db import session_scope
 from workers.celery_app import celery_app
-from workers.supervision import cancel_jobs, deliver_faults, launch_attempts
+from workers.supervision import cancel_jobs, launch_attempts
 
 
 @celery_app.task(name=queue.SUBMIT_JOB)
@@ -22,9 +20,3 @@ def submit_job(job_id: str) -> None:
 def cancel_job(job_id: str) -> None:
     with session_scope() as session:
         cancel_jobs.cancel(session, job_id)
-
-
-@celery_app.task(name=queue.INJECT_FAULT)
-def inject_fault(job_id: str, fault: dict[str, Any] | None = None) -> None:
-    with session_scope() as session:
-        deliver_faults.deliver(session, job_id)

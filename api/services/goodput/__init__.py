@@ -18,7 +18,7 @@ Failures
     Inside a window (and before the first run: the start-up window) the first sign of trouble ends
     training. Signals, by what they tell:
       * onset only: `fault_injected`;
-      * onset and detection: `rank_failed` sent by a rank, `node_failed`;
+      * onset and detection: `rank_failed` sent by a rank, `node_failed`, `preempted`;
       * detection, with the onset at the rank's last heartbeat (`ts - details.silent_s`; at the
         detection without it): `hang_detected`, `heartbeat_lost`; a silence that began before the
         window's run started is about an earlier run and is skipped;
@@ -43,6 +43,11 @@ Buckets (they partition wall time exactly; every second is in exactly one)
                       show reached before the run started (fault/failure/hang steps, failed_step
                       of restarts, checkpoint steps): steps redone after resuming from an older
                       checkpoint
+    queued            carved out of initialization and restart: an attempt waiting in a queue (Kueue), from
+                      its `queued` event (details.queue_state "waiting") to its admission (a `queued` event
+                      with queue_state "admitted"), else to the next run's start, job restart or the job's
+                      end; nothing of the job runs meanwhile, and it is the queue's time, not a fault's
+                      (the advice's restart cost leaves it out)
     shutdown          a succeeded job's tail: from the end of its last run's final checkpoint
                       blocking (the trainer always saves the final state) to `succeeded`; without
                       a checkpoint in the last run, the tail stays productive

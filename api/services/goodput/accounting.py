@@ -83,6 +83,7 @@ def account(
     step_time = _step_time(windows, saves, recs, t)
 
     intervals, recomputed_steps = _intervals(windows, sorted(_step_evidence(recs, t, saves)), step_time)
+    intervals = _carve(intervals, _queued_spans(recs, t, wall), QUEUED_FROM, "queued")
     failed = [w for w in windows if w.onset is not None]
     overall, attempts = split(recs, t, origin, wall, intervals, [_failure_time(w) for w in failed])
     advice = advise(
@@ -143,6 +144,53 @@ def _intervals(
             intervals.append((w.train_end, w.end, "shutdown"))
 
     return intervals, recomputed_steps
+
+
+# The buckets a queue wait is carved out of: the time before a run (nothing trains while the attempt is queued).
+QUEUED_FROM = frozenset({"initialization", "restart"})
+
+
+def _queued_spans(recs: Sequence[Record], t: Clock, wall: float) -> list[tuple[float, float]]:
+    """[begin, end) of each wait in a queue: from a `queued` event (queue_state waiting) to the same attempt's
+    admission (queue_state admitted), else to the next start of a run, job restart or the job's end."""
+    spans: list[tuple[float, float]] = []
+    waiting: dict[int, float] = {}
+    for r in recs:
+        if r.type == EventType.queued:
+            state = r.details.get("queue_state")
+            if state == "waiting":
+                waiting.setdefault(r.attempt, t(r.ts))
+            elif state == "admitted" and r.attempt in waiting:
+                spans.append((waiting.pop(r.attempt), t(r.ts)))
+        elif r.type in (EventType.running, EventType.job_restart) or r.type in TERMINAL_TYPES:
+            for attempt in [a for a in waiting if a <= r.attempt]:
+                spans.append((waiting.pop(attempt), t(r.ts)))
+    spans += [(begin, wall) for begin in waiting.values()]
+    return _merge(spans)
+
+
+def _carve(
+    intervals: Sequence[Interval], spans: Sequence[tuple[float, float]], buckets: frozenset[str], label: str
+) -> list[Interval]:
+    """The intervals, with the parts of those in `buckets` that fall inside `spans` relabelled `label`
+    (the partition of wall time is kept: parts are split, never added or dropped)."""
+    out: list[Interval] = []
+    for b, e, bucket in intervals:
+        if bucket not in buckets or not spans:
+            out.append((b, e, bucket))
+            continue
+        at = b
+        for sb, se in spans:
+            lo, hi = max(sb, b), min(se, e)
+            if hi <= lo:
+                continue
+            if lo > at:
+                out.append((at, lo, bucket))
+            out.append((lo, hi, label))
+            at = hi
+        if at < e:
+            out.append((at, e, bucket))
+    return out
 
 
 def _failure_time(w: _Window) -> float:

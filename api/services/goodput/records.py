@@ -17,12 +17,12 @@ from api.schemas.events import EventType
 TERMINAL_TYPES = frozenset({EventType.succeeded, EventType.failed, EventType.cancelled})
 SILENCE_TYPES = frozenset({EventType.hang_detected, EventType.heartbeat_lost})
 RESTART_TYPES = frozenset({EventType.inprocess_restart, EventType.injob_restart, EventType.job_restart})
-FAILURE_TYPES = frozenset({EventType.rank_failed, EventType.node_failed})
+FAILURE_TYPES = frozenset({EventType.rank_failed, EventType.node_failed, EventType.preempted})
 # Events whose step was current at their (onset) time.
 PROGRESS_TYPES = FAILURE_TYPES | SILENCE_TYPES | {EventType.fault_injected}
 # Every type the accounting reads; `running` and the silences are read aggregated (see load_records).
 READ_TYPES = frozenset(
-    {EventType.submitted, EventType.checkpoint_saved, EventType.fault_injected}
+    {EventType.submitted, EventType.checkpoint_saved, EventType.fault_injected, EventType.queued}
     | TERMINAL_TYPES
     | SILENCE_TYPES
     | RESTART_TYPES

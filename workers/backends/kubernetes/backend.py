@@ -9,11 +9,10 @@ outlives attempts and is removed by `delete_job_resources` at final cleanup.
 `status()` turns what Kubernetes says (the Job, its pods, their Events) into an
 `AttemptStatus` with a structured cause and idempotent `ObservedEvent`s
 (`status.AttemptView`). It never raises: when the API cannot be read it says
-"pending, status unknown". `launch`, `cancel`, `inject_fault` and
-`delete_job_resources` retry transient API errors (429, 5xx, timeouts) with
-bounded backoff and treat 409 on create and 404 on delete as done; if the API
-still fails they raise `KubernetesBackendError` (the job itself is untouched,
-the call can be retried).
+"pending, status unknown". `launch`, `cancel` and `delete_job_resources` retry
+transient API errors (429, 5xx, timeouts) with bounded backoff and treat 409 on
+create and 404 on delete as done; if the API still fails they raise
+`KubernetesBackendError` (the job itself is untouched, the call can be retried).
 """
 
 from __future__ import annotations
@@ -29,19 +28,19 @@ from kubernetes.client.exceptions import ApiException
 from api.core.config import Settings
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.spec import JobSpec
-from workers.backends.base import AttemptPhase, AttemptStatus, FaultRequest, LaunchRequest
+from workers.backends.base import AttemptPhase, AttemptStatus, LaunchRequest
 from workers.backends.kubernetes import manifests as m
 from workers.backends.kubernetes.client import KubernetesApi, RetryPolicy, api_message, failure_of
-from workers.backends.kubernetes.faults import FaultInjector
 from workers.backends.kubernetes.status import AttemptView
 
 log = logging.getLogger(__name__)
 
 
 class KubernetesBackend:
-    """Launches, watches, disturbs and tears down job attempts on a Kubernetes cluster."""
+    """Launches, watches and tears down job attempts on a Kubernetes cluster (faults are the node agents' job)."""
 
     name = "kubernetes"
+    can_exclude_nodes = True
 
     def __init__(
         self,
@@ -53,11 +52,9 @@ class KubernetesBackend:
         retry: RetryPolicy | None = None,
         image_pull_grace_s: float = 300.0,
         ttl_after_finished_s: int | None = None,
-        exec_timeout_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.api = KubernetesApi(api_client, settings=settings, request_timeout=request_timeout, retry=retry)
-        self.faults = FaultInjector(self.api, exec_timeout_s=exec_timeout_s)
         self.cluster_domain = cluster_domain
         self.image_pull_grace_s = image_pull_grace_s
         self.ttl_after_finished_s = ttl_after_finished_s
@@ -137,9 +134,6 @@ class KubernetesBackend:
         log.warning("kubernetes status unavailable: %s", exc)
         text = f"status unknown: the Kubernetes API could not be read ({api_message(exc)}); retrying"
         return AttemptStatus(phase=AttemptPhase.pending, cause=Cause(CauseClass.unknown, text))
-
-    def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
-        self.faults.inject(job_id, attempt, spec, fault)
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         """Delete the attempt: the Job (its pods and the owned Service follow) and the Service itself."""

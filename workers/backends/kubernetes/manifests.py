@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from api.schemas.spec import JobSpec
-from workers.backends.base import LaunchRequest, launcher_arguments, trainer_environment
+from workers.backends.base import LaunchRequest, agent_environment, launcher_arguments
 
 MANAGED_BY = "ftplane"
 LABEL_JOB_ID = "ftplane.io/job-id"
@@ -35,6 +35,8 @@ COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 CONTAINER_NAME = "trainer"
+AGENT_COMMAND = ("python", "-m", "trainer.agent", "--")
+AGENT_DIR = "/tmp/ftplane-agent"
 RDZV_PORT = 29500
 TOKEN_KEY = "token"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -168,13 +170,15 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
 
 
 def _environment(request: LaunchRequest, master_addr: str) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in trainer_environment(request).items()]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in agent_environment(request).items()]
     spec = request.spec
     env += [
         # ft_launcher gives workers MASTER_ADDR=localhost; the trainer needs the real rank-0 host.
         {"name": "FTPLANE_MASTER_ADDR", "value": master_addr},
         {"name": "FTPLANE_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "FTPLANE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "FTPLANE_AGENT_DIR", "value": AGENT_DIR},
+        {"name": "FTPLANE_AGENT_ECHO", "value": "1"},  # the launcher's output in the container's log
         {
             "name": "FTPLANE_TOKEN",
             "valueFrom": {"secretKeyRef": {"name": secret_name(request.job_id, spec.name), "key": TOKEN_KEY}},
@@ -210,7 +214,10 @@ def job_manifest(
     host = rendezvous_host(request.job_id, spec, request.attempt, cluster_domain)
     labels = labels_for(request.job_id, spec, request.attempt)
     annotations = {ANNOTATION_JOB_ID: request.job_id, ANNOTATION_RENDEZVOUS: f"{host}:{RDZV_PORT}"}
-    command = launcher_arguments(spec, nnodes=spec.nodes, rdzv_endpoint=f"{host}:{RDZV_PORT}", rdzv_id=name)
+    launcher = launcher_arguments(
+        spec, nnodes=spec.nodes, rdzv_endpoint=f"{host}:{RDZV_PORT}", rdzv_id=name, log_dir=f"{AGENT_DIR}/ranks"
+    )
+    command = [*AGENT_COMMAND, *launcher]  # the node agent is the entrypoint; it starts ft_launcher
 
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     shm: dict[str, Any] = {"medium": "Memory"}

@@ -1,0 +1,134 @@
+"""The node agent for real: it starts ft_launcher (NVRx 0.4.1, CPU), reads what the launcher does, carries out
+faults, and reports all of it to the API; ranks never see the job's token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.agent.conftest import events, launcher_command, submitted_job
+from tests.support.waiting import wait_for
+from trainer.agent import exit_codes, protocol
+
+
+def nodes(admin: TestClient, job_id: str) -> list[dict[str, Any]]:
+    return list(admin.get(f"/v1/jobs/{job_id}/nodes").json())
+
+
+def test_a_zero_code_job_reports_node_liveness_log_steps_and_crash_causes(
+    admin: TestClient, make_job: Any, live: str, start_agent: Any, tmp_path: Path
+) -> None:
+    job = submitted_job(admin, make_job, progress={"log_pattern": r"step (?P<step>\d+)"})
+    agent = start_agent(
+        live,
+        job,
+        launcher_command(tmp_path, max_restarts=1),
+        STEPS="60",
+        FTPLANE_LOG_PATTERN=r"step (?P<step>\d+)",
+    )
+
+    def both_ranks_alive() -> list[dict[str, Any]] | None:
+        found = nodes(admin, job["id"])
+        alive = [r for n in found for r in n["ranks"] if r["alive"]]
+        return found if len(alive) == 2 else None
+
+    node = wait_for("the node's liveness with two live ranks", both_ranks_alive, 60, interval=0.2)[0]
+    assert node["node"] == "node-a" and node["launcher_alive"] and node["progress"] == "log" and node["healthy"]
+    steps = wait_for(
+        "steps read from the ranks' output",
+        lambda: (
+            (r := admin.get(f"/v1/jobs/{job['id']}/ranks").json()) and len(r) == 2 and all(x["step"] > 2 for x in r)
+        ),
+        30,
+        interval=0.2,
+    )
+    assert steps
+
+    fault = admin.post(f"/v1/jobs/{job['id']}/faults", json={"kind": "crash", "rank": 1, "now": True}).json()
+    assert fault["delivery"] == "agent"
+    restart = wait_for("the in-job restart", lambda: events(admin, job["id"], "injob_restart"), 60, interval=0.2)[0]
+    details = restart["details"]
+    assert details["cause_class"] == "crash" and details["rank"] == 1 and details["signal"] == "SIGKILL"
+    assert details["cause"] == "rank 1 killed by SIGKILL" and details["restart_count"] == 1
+    injected = events(admin, job["id"], "fault_injected")
+    assert [(e["rank"], e["details"]["delivery"]) for e in injected] == [(1, "agent")]
+    failed = events(admin, job["id"], "rank_failed")
+    assert failed[0]["rank"] == 1 and failed[0]["details"]["source"] == "launcher"
+
+    assert agent.wait(120) == 0
+    final = nodes(admin, job["id"])[0]
+    assert final["launcher_alive"] is False
+    assert job["token"] not in agent.output()
+
+
+def test_ranks_never_see_the_token_and_bad_messages_do_not_stop_the_agent(
+    admin: TestClient, make_job: Any, live: str, start_agent: Any, tmp_path: Path
+) -> None:
+    """A rank that sends garbage, an oversized datagram and a valid heartbeat: the agent drops the first two
+    and reports the third; the rank's environment has the agent's socket and no token."""
+    script = (
+        "import json, os, socket\n"
+        "assert 'FTPLANE_TOKEN' not in os.environ, 'the token reached a rank'\n"
+        "path = os.environ['FTPLANE_AGENT_SOCKET']\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+        "s.sendto(b'not json', path)\n"
+        "s.sendto(b'{' + b' ' * 70000 + b'}', path)\n"
+        "s.sendto(json.dumps({'type': 'heartbeat', 'rank': int(os.environ['RANK']), 'step': 'x'}).encode(), path)\n"
+        "s.sendto(json.dumps({'type': 'heartbeat', 'rank': int(os.environ['RANK']), 'step': 7}).encode(), path)\n"
+        "import time; time.sleep(2)\n"
+    )
+    job = submitted_job(admin, make_job)
+    agent = start_agent(live, job, launcher_command(tmp_path, script=script, max_restarts=0))
+    assert agent.wait(120) == 0, agent.output()
+    ranks = admin.get(f"/v1/jobs/{job['id']}/ranks").json()
+    assert sorted((r["rank"], r["step"]) for r in ranks) == [(0, 7), (1, 7)]
+    output = agent.output()
+    assert "dropped a message from a rank: not JSON" in output and "over the 65536-byte limit" in output
+    assert nodes(admin, job["id"])[0]["progress"] == "sdk"
+
+
+def test_a_rank_asking_to_exclude_its_node_makes_the_agent_exit_unhealthy(
+    admin: TestClient, make_job: Any, live: str, start_agent: Any, tmp_path: Path
+) -> None:
+    script = (
+        "import json, os, socket, time\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    msg = {'type': 'exclude_node', 'rank': 1, 'reason': 'ECC errors on GPU 1'}\n"
+        "    s.sendto(json.dumps(msg).encode(), os.environ['FTPLANE_AGENT_SOCKET'])\n"
+        "time.sleep(60)\n"
+    )
+    job = submitted_job(admin, make_job)
+    agent = start_agent(live, job, launcher_command(tmp_path, script=script, max_restarts=0))
+    assert agent.wait(120) == exit_codes.NODE_UNHEALTHY
+    (unhealthy,) = events(admin, job["id"], "node_unhealthy")
+    assert unhealthy["details"]["cause_class"] == "node" and "ECC errors on GPU 1" in unhealthy["details"]["cause"]
+    assert nodes(admin, job["id"])[0]["healthy"] is False
+
+
+def test_the_launchers_verdict_passes_through(start_agent: Any, tmp_path: Path) -> None:
+    """ft_launcher's exit 93 (NVRx decided not to restart) is the agent's too; without FTPLANE_URL it reports
+    nothing and still supervises."""
+    agent = start_agent(None, None, ["sh", "-c", "exit 93"])
+    assert agent.wait(30) == exit_codes.VERDICT
+
+
+def test_protocol_refuses_what_it_cannot_read() -> None:
+    import pytest
+
+    for bad, why in [
+        (b"\xff\xfe", "not JSON"),
+        (b"[]", "not a JSON object"),
+        (b'{"type": "heartbeat", "rank": -1, "step": 0}', "rank must be"),
+        (b'{"type": "heartbeat", "rank": 0, "step": 1, "loss": "NaN"}', "loss must be"),
+        (b'{"type": "event", "event": {"key": "", "type": "x"}}', "event.key"),
+        (b'{"type": "teleport"}', "unknown message type"),
+        (b"{" + b" " * protocol.MAX_MESSAGE_BYTES + b"}", "over the"),
+    ]:
+        with pytest.raises(protocol.BadMessage, match=why):
+            protocol.parse(bad)
+    beat = protocol.parse(json.dumps({"type": "heartbeat", "rank": 3, "step": 9, "total_steps": 100}).encode())
+    assert beat == protocol.Heartbeat(rank=3, step=9, total_steps=100)

@@ -1,0 +1,48 @@
+"""The faults an agent carries out itself, from outside the ranks' code (the control plane's `agent` delivery).
+
+crash      SIGKILL of the rank's process: the launcher sees it die and restarts the group
+hang       SIGSTOP of the rank's process: it stops heartbeating; a launcher or the control plane
+           must notice
+node_loss  SIGKILL of the launcher's whole process tree and of the agent itself: the node is gone
+           as far as the job can tell
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+from trainer.agent.processes import RankProcess, descendants, is_stopped, process_start_time
+
+SIGNALS = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
+
+
+def signal_rank(process: RankProcess, kind: str) -> bool:
+    """Send the fault's signal to the rank's process, if it is still the same process; False if not."""
+    if kind not in SIGNALS or process_start_time(process.pid) != process.start_time:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, SIGNALS[kind])
+        return True
+    return False
+
+
+def resume_stopped(root: int) -> None:
+    """SIGCONT to every stopped process under `root`, so that a termination signal can reach it."""
+    for pid in descendants(root):
+        if is_stopped(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def kill_tree(root: int) -> None:
+    for pid in [*reversed(descendants(root)), root]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def lose_node(launcher_pid: int) -> None:
+    """Kill everything of this node at once, the agent last. Does not return."""
+    kill_tree(launcher_pid)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,162 @@
+"""Reading ft_launcher's output as it is written: the ranks' lines, and what the launcher says it did.
+
+The agent starts the launcher with `--tee 3` and a line prefix naming each rank
+(`TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=[rank${rank}]:`), so every line is either a rank's own
+output (`[rank3]:step 120 loss 2.31`) or the launcher's. From the launcher's lines this reads
+(NVRx 0.4.1 and 0.7 print the same ones; they give these facts as text only):
+
+    [ERROR] ... failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: ...   a rank ended
+    ProcessFailure(local_rank=1, pid=4242, exitcode=1 ...)                      the same, at the end
+    [RankMonServer...:1] Did not get subsequent heartbeat. Waited 20.00 seconds  killed for silence
+    Worker group UNHEALTHY. 2/3 attempts left; will restart worker group         an in-job restart
+
+A round is the life of one worker group; each in-job restart starts the next. A rank killed for
+silence is the root cause of its round; else one killed by a signal; ranks that then exit 1 on a
+broken collective, or are killed as the group is torn down, are collateral.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
+RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+FINAL_FAILURE = re.compile(r"ProcessFailure\(local_rank=(\d+), pid=(\d+), exitcode=(-?\d+)")
+# The rank monitor names the rank it serves after the host.
+HEARTBEAT_TIMEOUT = re.compile(
+    r"\[RankMonServer\d+@[^\]:]*:(\d+)\] Did not get (?:initial|subsequent) heartbeat\. Waited ([\d.]+) seconds"
+)
+GROUP_RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
+PREFIX_TEMPLATE = "[rank${rank}]:"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_exit(code: int) -> str:
+    return f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """A rank process the launcher saw end, in one round."""
+
+    local_rank: int
+    pid: int
+    exit_code: int
+    rank: int | None = None  # the global rank, when the agent knew the pid
+    silent_s: float | None = None  # set when the launcher killed it for no heartbeat in this long
+
+    def cause(self) -> dict[str, Any]:
+        """The structured cause (the event details' keys): a hang when killed for silence, else a crash."""
+        facts: dict[str, Any] = {"local_rank": self.local_rank, "exit_code": self.exit_code, "pid": self.pid}
+        if self.rank is not None:
+            facts["rank"] = self.rank
+        if self.exit_code < 0:
+            facts["signal"] = signal_name(-self.exit_code)
+        text = describe_exit(self.exit_code)
+        if self.silent_s is not None:
+            facts["silent_s"] = self.silent_s
+            return {
+                "cause": f"{text} (ft_launcher: no heartbeat for {self.silent_s:g} s)",
+                "cause_class": "hang",
+                **facts,
+            }
+        return {"cause": text, "cause_class": "crash", **facts}
+
+    @property
+    def who(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"local rank {self.local_rank}"
+
+
+def root_cause(failures: list[RankExit]) -> RankExit | None:
+    if not failures:
+        return None
+    silent = [f for f in failures if f.silent_s is not None]
+    signalled = [f for f in failures if f.exit_code < 0]
+    return (silent or signalled or failures)[0]
+
+
+def round_cause(failures: list[RankExit]) -> dict[str, Any]:
+    """The cause of a round's end, as event details (`worker group failed` when no rank said why)."""
+    first = root_cause(failures)
+    if first is None:
+        return {"cause": "worker group failed", "cause_class": "unknown"}
+    cause = first.cause()
+    cause["cause"] = f"{first.who} {cause['cause']}"
+    return cause
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    rank: int
+    text: str
+
+
+@dataclass(frozen=True)
+class RankFailed:
+    round: int
+    failure: RankExit
+
+
+@dataclass(frozen=True)
+class GroupRestarted:
+    restart_count: int  # 1 for the first in-job restart
+    failures: tuple[RankExit, ...]
+    attempts_left: int
+
+
+Fact = RankOutput | RankFailed | GroupRestarted
+
+
+@dataclass
+class LauncherOutput:
+    """Feed it the launcher's output line by line; it returns the facts each line gives."""
+
+    rank_of_pid: dict[int, int] = field(default_factory=dict)  # kept up to date by the agent
+    round: int = 0
+    failures: list[RankExit] = field(default_factory=list)  # this round's
+    _silent: dict[int, float] = field(default_factory=dict)  # this round's: rank -> the timeout that elapsed
+    _seen_pids: set[int] = field(default_factory=set)
+
+    def feed(self, line: str) -> list[Fact]:
+        line = line.rstrip("\r\n")
+        rank_line = RANK_LINE.match(line)
+        if rank_line:
+            return [RankOutput(int(rank_line[1]), rank_line[2])]
+        silence = HEARTBEAT_TIMEOUT.search(line)
+        if silence:
+            self._silent.setdefault(int(silence[1]), float(silence[2]))
+            return []
+        failed = RANK_EXIT.search(line)
+        if failed:
+            return self._failed(local_rank=int(failed[2]), pid=int(failed[3]), code=int(failed[1]))
+        final = FINAL_FAILURE.search(line)
+        if final:
+            return self._failed(local_rank=int(final[1]), pid=int(final[2]), code=int(final[3]))
+        restart = GROUP_RESTART.search(line)
+        if restart:
+            fact = GroupRestarted(self.round + 1, tuple(self.failures), attempts_left=int(restart[2]))
+            self.round += 1
+            self.failures = []
+            self._silent = {}
+            return [fact]
+        return []
+
+    def _failed(self, *, local_rank: int, pid: int, code: int) -> list[Fact]:
+        if pid in self._seen_pids:
+            return []
+        self._seen_pids.add(pid)
+        rank = self.rank_of_pid.get(pid)
+        # the monitor names the rank it serves: the global rank where known, else the local one
+        silent = self._silent.get(rank if rank is not None else local_rank) if code < 0 else None
+        failure = RankExit(local_rank, pid, code, rank=rank, silent_s=silent)
+        self.failures.append(failure)
+        return [RankFailed(self.round, failure)]

@@ -1,0 +1,102 @@
+"""What /proc says about the launcher's process tree: which processes are ranks, and whether they live.
+
+Linux only, standard library only. A rank process is a descendant of the launcher whose
+environment has `RANK` and whose parent has none (its own children, such as checkpoint writers
+or data loader workers, inherit `RANK` and are not ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time in clock ticks since boot (tells a live process from a recycled pid); None when gone."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == "Z":  # a zombie has ended
+        return None
+    return int(fields[19])
+
+
+def is_stopped(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
+def parent_of(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None else None
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    rank: int
+    local_rank: int
+    pid: int
+    start_time: int
+    restart_count: int
+
+
+def rank_processes(launcher_pid: int) -> list[RankProcess]:
+    """The rank processes under the launcher now, by global rank."""
+    tree = descendants(launcher_pid)
+    environs = {pid: environ_of(pid) for pid in tree}
+    with_rank = {pid for pid, env in environs.items() if "RANK" in env}
+    found = []
+    for pid in sorted(with_rank):
+        if parent_of(pid) in with_rank:
+            continue
+        env = environs[pid]
+        started = process_start_time(pid)
+        if started is None:
+            continue
+        try:
+            found.append(
+                RankProcess(
+                    rank=int(env["RANK"]),
+                    local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+                    pid=pid,
+                    start_time=started,
+                    restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                )
+            )
+        except ValueError:
+            continue
+    return sorted(found, key=lambda p: p.rank)
