@@ -16,7 +16,7 @@ from api.schemas.events import EventOut
 from api.schemas.jobs import AttemptOut, FaultIn, FaultOut, JobCreated, JobDetail, JobOut, JobPage
 from api.schemas.spec import JobSpec
 from api.services import jobs as job_service
-from api.services import lifecycle
+from api.services import lifecycle, progress
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -76,6 +76,7 @@ def get_job(job_id: str, session: SessionDep, _: AdminDep) -> JobDetail:
             **JobOut.model_validate(job).model_dump(),
             "attempts": [AttemptOut.model_validate(a) for a in job_store.attempts(session, job.id)],
             "recent_events": [EventOut.model_validate(e) for e in recent],
+            "progress": progress.progress_of(session, job),
         }
     )
 

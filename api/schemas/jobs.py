@@ -46,9 +46,22 @@ class JobCreated(JobOut):
     token: str = Field(description="The job-scoped trainer token. Shown once; store it now.")
 
 
+class JobProgress(BaseModel):
+    hang_detection: Literal["rank", "node"] = Field(
+        description="rank: each rank's progress is reported (SDK or log pattern), so a silent rank is a hang; "
+        "node: the ranks report nothing, so hangs are detected at the node level only (a silent node agent)."
+    )
+    step: int | None = Field(description="The highest step any rank of the current attempt reported.")
+    total_steps: int | None = Field(description="The steps the job will run, when its ranks say.")
+    fraction: float | None = Field(description="step / total_steps.")
+    step_time_s: float | None = Field(description="Median seconds per step over the ranks.")
+    eta_s: float | None = Field(description="Seconds to the last step at that pace (while the job runs).")
+
+
 class JobDetail(JobOut):
     attempts: list[AttemptOut]
     recent_events: list[EventOut]
+    progress: JobProgress | None = None
 
 
 class JobPage(BaseModel):

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from api.schemas.spec import JobSpec
-from workers.backends.base import AttemptPhase, AttemptStatus, FaultRequest, LaunchRequest
+from workers.backends.base import AttemptPhase, AttemptStatus, LaunchRequest
 
 
 @dataclass
@@ -22,7 +22,7 @@ class ScriptedBackend:
     fail_launch: bool = False
     retryable: bool = False
     released: list[str] = field(default_factory=list)
-    faults: list[FaultRequest] = field(default_factory=list)
+    can_exclude_nodes: bool = True
 
     def render(self, request: LaunchRequest) -> str:
         return "scripted"
@@ -36,9 +36,6 @@ class ScriptedBackend:
 
     def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
         return self.statuses.get(attempt, AttemptStatus(AttemptPhase.running))
-
-    def inject_fault(self, job_id: str, attempt: int, spec: JobSpec, fault: FaultRequest) -> None:
-        self.faults.append(fault)
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         self.cancels.append(attempt)

@@ -1,4 +1,4 @@
-"""The local backend runs a real ft_launcher process tree (no control plane needed)."""
+"""The local backend: one node agent per node on this machine, each with a real ft_launcher (no control plane)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from api.schemas.causes import CauseClass
 from api.schemas.spec import JobSpec
 from tests.support.waiting import wait_for
-from workers.backends.base import AttemptPhase, AttemptStatus, FaultRequest, LaunchRequest
-from workers.backends.local import LocalBackend, process_start_time
+from trainer.agent import exit_codes
+from trainer.agent.processes import descendants, environ_of, process_start_time
+from workers.backends.base import AttemptPhase, AttemptStatus, LaunchRequest
+from workers.backends.local import LocalBackend
 
 WORKER = (
     "import os, sys, time\n"
-    "restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))\n"
     "deadline = time.time() + float(os.environ.get('RUN_FOR', '60'))\n"
     "while time.time() < deadline:\n"
     "    time.sleep(0.05)\n"
@@ -34,7 +36,7 @@ def spec(**overrides: object) -> JobSpec:
 
 def launch(backend: LocalBackend, job_spec: JobSpec, job_id: str = "job1") -> LaunchRequest:
     request = LaunchRequest(
-        job_id=job_id, attempt=0, spec=job_spec, token="ftp_job_secret", control_plane_url="http://x"
+        job_id=job_id, attempt=0, spec=job_spec, token="ftp_job_secret", control_plane_url="http://127.0.0.1:9"
     )
     backend.launch(request)
     return request
@@ -45,58 +47,84 @@ def backend(tmp_path: Path) -> LocalBackend:
     return LocalBackend(runs_dir=tmp_path / "runs")
 
 
+def ranks_of(backend: LocalBackend, job_spec: JobSpec) -> dict[int, str]:
+    """Global rank -> node, read from the rank processes' environment."""
+    found = {}
+    for node in backend.nodes("job1", 0, job_spec):
+        record = node.launched()
+        if record is None:
+            continue
+        for pid in descendants(int(record["pid"])):  # type: ignore[call-overload]
+            env = environ_of(pid)
+            if "RANK" in env and env.get("FTPLANE_NODE_NAME") == node.name:
+                found[int(env["RANK"])] = node.name
+    return found
+
+
 def test_success_and_idempotent_launch(backend: LocalBackend) -> None:
     job_spec = spec(env={"RUN_FOR": "1"})
     launch(backend, job_spec)
-    first = backend.attempt_dir("job1", 0).launched()
+    (node,) = backend.nodes("job1", 0, job_spec)
+    first = node.launched()
     launch(backend, job_spec)  # a redelivered launch starts nothing new
-    assert backend.attempt_dir("job1", 0).launched() == first
+    assert node.launched() == first
     status = wait_for(
         "end", lambda: (s := backend.status("job1", 0, job_spec)).phase != AttemptPhase.running and s, interval=0.2
     )
     assert isinstance(status, AttemptStatus) and status.phase == AttemptPhase.succeeded
-    token_in_log = "ftp_job_secret" in backend.attempt_dir("job1", 0).log_text()
-    assert not token_in_log
+    assert node.exit_code() == 0 and "ft_launcher" in node.log_text()
+    assert "ftp_job_secret" not in node.log_text()
 
 
-def test_crash_is_restarted_in_job_then_budget_ends_it(backend: LocalBackend) -> None:
-    job_spec = spec()
+def test_two_nodes_join_one_rendezvous_and_cancel_ends_both(backend: LocalBackend, tmp_path: Path) -> None:
+    job_spec = spec(nodes=2)
     launch(backend, job_spec)
-    pids = wait_for("rank 1 process", lambda: backend.rank_pids("job1", 0, 1), interval=0.2)
-    assert isinstance(pids, list) and len(pids) == 1
-    backend.inject_fault("job1", 0, job_spec, FaultRequest(id="f1", kind="crash", rank=1))
-    status = wait_for(
-        "in-job restart", lambda: (s := backend.status("job1", 0, job_spec)).in_job_restarts == 1 and s, interval=0.2
-    )
-    assert isinstance(status, AttemptStatus)
-    assert status.phase == AttemptPhase.running
-    failed = [e for e in status.events if e.type == "rank_failed"]
-    assert failed and failed[0].rank == 1 and failed[0].details["cause"] == "killed by SIGKILL"
-    new_pids = wait_for("restarted rank 1", lambda: backend.rank_pids("job1", 0, 1), interval=0.2)
-    assert new_pids != pids
-    backend.inject_fault("job1", 0, job_spec, FaultRequest(id="f2", kind="crash", rank=0))
-    ended = wait_for(
-        "failure", lambda: (s := backend.status("job1", 0, job_spec)).phase == AttemptPhase.failed and s, interval=0.2
-    )
-    assert isinstance(ended, AttemptStatus)
-    assert ended.cause is not None and "in-job restart budget (1) spent" in ended.cause.message
-
-
-def test_restarted_worker_readopts_and_cancel_ends_the_tree(backend: LocalBackend, tmp_path: Path) -> None:
-    job_spec = spec()
-    launch(backend, job_spec)
-    wait_for("ranks", lambda: backend.rank_pids("job1", 0, 0) and backend.rank_pids("job1", 0, 1), interval=0.2)
-    tree = [*backend.rank_pids("job1", 0, 0), *backend.rank_pids("job1", 0, 1)]
+    placed = wait_for("4 ranks on 2 nodes", lambda: (r := ranks_of(backend, job_spec)) and len(r) == 4 and r, 60)
+    assert sorted(placed) == [0, 1, 2, 3] and len(set(placed.values())) == 2
+    tree = [p for n in backend.nodes("job1", 0, job_spec) for p in descendants(int(n.launched()["pid"]))]  # type: ignore[index,call-overload]
     readopted = LocalBackend(runs_dir=tmp_path / "runs")  # a new worker process, same state on disk
     assert readopted.status("job1", 0, job_spec).phase == AttemptPhase.running
-    readopted.inject_fault("job1", 0, job_spec, FaultRequest(id="h", kind="hang", rank=1))  # SIGSTOP
     readopted.cancel("job1", 0, job_spec)
-    wait_for("tree to end", lambda: all(process_start_time(p) is None for p in tree), timeout=30, interval=0.2)
+    wait_for("every process to end", lambda: all(process_start_time(p) is None for p in tree), timeout=30, interval=0.2)
     assert readopted.status("job1", 0, job_spec).phase == AttemptPhase.failed
     readopted.cancel("job1", 0, job_spec)  # idempotent
 
 
-def test_render_hides_the_token(backend: LocalBackend) -> None:
-    request = LaunchRequest(job_id="j", attempt=0, spec=spec(), token="ftp_job_secret", control_plane_url="http://x")
+@pytest.mark.parametrize(
+    "codes, phase, cause_class, blamed",
+    [
+        ((0, 0), AttemptPhase.succeeded, None, ()),
+        ((0, exit_codes.NODE_UNHEALTHY), AttemptPhase.failed, CauseClass.node, (1,)),
+        ((exit_codes.VERDICT, exit_codes.VERDICT), AttemptPhase.failed, CauseClass.verdict, ()),
+        ((1, -9), AttemptPhase.failed, CauseClass.node, (1,)),  # node 1's agent was killed: the node is lost
+        ((1, 0), AttemptPhase.failed, CauseClass.crash, ()),  # node 0's launcher spent its in-job restarts
+        ((0, None), AttemptPhase.failed, CauseClass.node, (1,)),  # node 1 vanished without an exit code
+    ],
+)
+def test_how_each_node_ended_decides_the_attempt(
+    backend: LocalBackend,
+    codes: tuple[int | None, ...],
+    phase: AttemptPhase,
+    cause_class: CauseClass | None,
+    blamed: tuple[int, ...],
+) -> None:
+    job_spec = spec(nodes=2)
+    nodes = backend.nodes("job1", 0, job_spec)
+    for node, code in zip(nodes, codes, strict=True):
+        node.path.mkdir(parents=True)
+        node.launch_file.write_text('{"pid": 0, "start_time": -1}')
+        if code is not None:
+            (node.path / "exit_code").write_text(str(code))
+    status = backend.status("job1", 0, job_spec)
+    assert status.phase == phase
+    assert (status.cause.cause_class if status.cause else None) == cause_class
+    assert status.failed_nodes == tuple(nodes[i].name for i in blamed)
+
+
+def test_render_hides_the_token_and_shows_one_agent_per_node(backend: LocalBackend) -> None:
+    request = LaunchRequest(
+        job_id="j", attempt=0, spec=spec(nodes=2), token="ftp_job_secret", control_plane_url="http://x"
+    )
     text = backend.render(request)
-    assert "ftp_job_secret" not in text and "ft_launcher" in text and "--max-restarts=1" in text
+    assert "ftp_job_secret" not in text and text.count("-m trainer.agent --node") == 2
+    assert "ft_launcher" in text and "--max-restarts=1" in text and "--nnodes=2" in text

@@ -248,18 +248,23 @@ def test_a_rank_the_launcher_restarted_for_a_hang_is_recorded_hung_but_not_escal
     assert body["attempt"] == 0 and body["status"] != "FAILED"  # not escalated: the launcher has it
 
 
-def test_a_fault_whose_inject_task_was_lost_is_delivered_once_by_supervision(
+def test_a_fault_outside_the_ranks_code_reaches_the_node_agent_once(
     admin: TestClient, make_job: Any, backend: ScriptedBackend
 ) -> None:
     job = make_job()
     supervise(job["id"], force_launch=True)
     admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
     fault = admin.post(f"/v1/jobs/{job['id']}/faults", json={"kind": "crash", "rank": 1, "now": True}).json()
-    assert fault["delivery"] == "backend"  # its task is never run here: as if the broker lost it
+    assert fault["delivery"] == "agent"
     beat = admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 1, "step": 2}]}).json()
-    assert beat["faults"] == []  # not handed to the trainer as well
-    supervise(job["id"])
-    supervise(job["id"])
-    assert [(f.id, f.kind, f.rank) for f in backend.faults] == [(fault["id"], "crash", 1)]
-    injected = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "fault_injected"]
-    assert len(injected) == 1 and injected[0]["details"]["delivery"] == "backend"
+    assert beat["faults"] == []  # not handed to the rank's code
+    report = {"attempt": 0, "node": "n0", "agent": {"ranks": [{"rank": 0, "alive": True}]}}
+    reply = admin.post(f"/v1/jobs/{job['id']}/reports", json=report).json()
+    assert reply["faults"] == []  # rank 1 is not on this node
+    report = {"attempt": 0, "node": "n1", "agent": {"ranks": [{"rank": 1, "alive": True}]}}
+    reply = admin.post(f"/v1/jobs/{job['id']}/reports", json=report).json()
+    assert [(f["id"], f["kind"], f["rank"], f["delivery"]) for f in reply["faults"]] == [
+        (fault["id"], "crash", 1, "agent")
+    ]
+    again = admin.post(f"/v1/jobs/{job['id']}/reports", json=report).json()
+    assert again["faults"] == []  # at most once

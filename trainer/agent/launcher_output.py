@@ -138,9 +138,9 @@ class LauncherOutput:
         failed = RANK_EXIT.search(line)
         if failed:
             return self._failed(local_rank=int(failed[2]), pid=int(failed[3]), code=int(failed[1]))
-        final = FINAL_FAILURE.search(line)
-        if final:
-            return self._failed(local_rank=int(final[1]), pid=int(final[2]), code=int(final[3]))
+        finals = list(FINAL_FAILURE.finditer(line))  # the closing summary names every failed rank on one line
+        if finals:
+            return [f for m in finals for f in self._failed(local_rank=int(m[1]), pid=int(m[2]), code=int(m[3]))]
         restart = GROUP_RESTART.search(line)
         if restart:
             fact = GroupRestarted(self.round + 1, tuple(self.failures), attempts_left=int(restart[2]))

@@ -30,11 +30,11 @@ from api.core import queue
 from api.database.tables import Attempt, Job, RankLiveness
 from api.models import events as event_store
 from api.models import jobs as job_store
-from api.models import liveness
+from api.models import liveness, nodes
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
-from api.services import lifecycle, notifications, reporting
+from api.services import lifecycle, notifications, progress, reporting
 from api.services.lifecycle import AttemptStatus
 from workers.supervision.batch import for_each_job
 
@@ -51,6 +51,7 @@ class Silence:
     escalate: bool  # silent for twice the timeout: in-job recovery did not work
     silent_s: float
     nodes: tuple[str, ...] = ()  # the silent ranks' nodes, when they are not all of the job's
+    cause_class: CauseClass = CauseClass.hang  # node: a node agent went silent (zero-code jobs)
 
 
 def run_once(session: Session) -> int:
@@ -66,7 +67,8 @@ def check(session: Session, job: Job) -> None:
     silence = detect(session, job, attempt, lifecycle.spec_of(job))
     if silence is None or not silence.escalate:
         return
-    cause = Cause(CauseClass.hang, f"hang not recovered in-job: {silence.cause}", {"silent_s": silence.silent_s})
+    text = f"hang not recovered in-job: {silence.cause}" if silence.cause_class == CauseClass.hang else silence.cause
+    cause = Cause(silence.cause_class, text, {"silent_s": silence.silent_s})
     decision = lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause, silence.nodes))
     if not decision.gives_up:  # the launch duty would find it too; this saves waiting for its pass
         notifications.after_commit(session, lambda: queue.send(queue.SUBMIT_JOB, job.id))
@@ -76,6 +78,8 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     now = utcnow()
     timeout = spec.resiliency.heartbeat_timeout_s
     if not liveness.has_attempt(session, job.id, job.attempt):
+        if not progress.reports_rank_progress(session, job, spec):
+            return detect_silent_nodes(session, job, attempt, spec)
         if attempt.launched_at is None:
             return None
         waited = (now - attempt.launched_at).total_seconds()
@@ -147,6 +151,49 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     if nodes:
         summary += f" on node(s) {', '.join(nodes)}"
     return Silence(summary, escalate=overdue > timeout, silent_s=round(worst, 3), nodes=nodes)
+
+
+def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:
+    """Node-level: an agent that stopped reporting while the job's other agents report is a lost node. (When every
+    agent is silent, the control plane or the network is the likelier cause; the backend sees a node that is gone.)"""
+    now = utcnow()
+    timeout = spec.resiliency.heartbeat_timeout_s
+    rows = nodes.of_attempt(session, job.id, job.attempt)
+    if not rows:
+        if attempt.launched_at is None:
+            return None
+        waited = (now - attempt.launched_at).total_seconds()
+        initial = spec.resiliency.initial_heartbeat_timeout_s
+        if waited <= initial:
+            return None
+        cause = f"no report from any node agent {waited:.1f} s after launch (initial timeout {initial:g} s)"
+        reporting.record_events(session, job, [_event(job, None, None, f"hang:a{job.attempt}:initial", cause)])
+        return Silence(cause, escalate=waited > 2 * initial, silent_s=round(waited, 3))
+    silent = [row for row in rows if (now - row.last_seen).total_seconds() > timeout]
+    if not silent or len(silent) == len(rows):
+        return None
+    recorded = event_store.keys_of_type(session, job.id, job.attempt, EventType.heartbeat_lost.value)
+    events = []
+    for row in silent:
+        quiet = round((now - row.last_seen).total_seconds(), 3)
+        key = f"node_silent:a{job.attempt}:{row.node}:t{int(row.last_seen.timestamp() * 1000)}"
+        if key in recorded:
+            continue
+        lost = Cause(
+            CauseClass.node,
+            f"no report from node {row.node}'s agent for {quiet:.1f} s (timeout {timeout:g} s)",
+            {"node": row.node, "silent_s": quiet},
+        )
+        events.append(
+            EventIn(key=key, type=EventType.heartbeat_lost, attempt=job.attempt, node=row.node, details=lost.details())
+        )
+    reporting.record_events(session, job, events)
+    worst = max((now - row.last_seen).total_seconds() for row in silent)
+    names = tuple(sorted(row.node for row in silent))
+    summary = f"node(s) {', '.join(names)} silent for up to {worst:.1f} s (timeout {timeout:g} s)"
+    return Silence(
+        f"node lost: {summary}", worst > 2 * timeout, round(worst, 3), nodes=names, cause_class=CauseClass.node
+    )
 
 
 def _event(

@@ -1,0 +1,167 @@
+"""A node agent's batched report: who may send it, what it stores (once), what it answers, and what the
+supervisor makes of nodes that stop reporting."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.support.supervision import ScriptedBackend, supervise, use_backend
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch, app: Any) -> ScriptedBackend:
+    scripted = ScriptedBackend()
+    use_backend(monkeypatch, scripted)
+    return scripted
+
+
+def report(node: str = "n0", ranks: tuple[int, ...] = (0, 1), **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "attempt": 0,
+        "node": node,
+        "agent": {
+            "pid": 10,
+            "launcher": {"pid": 11, "alive": True},
+            "ranks": [{"rank": r, "local_rank": i, "pid": 100 + r, "alive": True} for i, r in enumerate(ranks)],
+            "progress": "none",
+        },
+    }
+    body.update(extra)
+    return body
+
+
+def as_trainer(admin: TestClient, token: str) -> TestClient:
+    return TestClient(admin.app, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_a_report_stores_liveness_heartbeats_and_events_once(admin: TestClient, make_job: Any) -> None:
+    job = make_job()
+    trainer = as_trainer(admin, job["token"])
+    events = [{"key": "e1", "type": "checkpoint_saved", "step": 10, "details": {"step": 10, "blocking_s": 0.1}}]
+    beats = [{"rank": 0, "step": 12, "step_time_s": 0.5, "total_steps": 100}, {"rank": 1, "step": 11}]
+    body = report(events=events, heartbeats=beats)
+    first = trainer.post(f"/v1/jobs/{job['id']}/reports", json=body)
+    assert first.status_code == 200, first.text
+    assert first.json() == {"stored": 1, "duplicates": 0, "accepted": 2, "faults": []}
+    again = trainer.post(f"/v1/jobs/{job['id']}/reports", json=body).json()
+    assert again["stored"] == 0 and again["duplicates"] == 1  # a resend after a lost reply stores nothing twice
+    (node,) = admin.get(f"/v1/jobs/{job['id']}/nodes").json()
+    assert node["node"] == "n0" and node["launcher_alive"] and [r["rank"] for r in node["ranks"]] == [0, 1]
+    detail = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert detail["progress"]["total_steps"] == 100 and detail["progress"]["step"] == 12
+    assert detail["progress"]["step_time_s"] == 0.5 and detail["progress"]["hang_detection"] == "rank"
+
+
+def test_who_may_report(admin: TestClient, make_job: Any) -> None:
+    job, other = make_job(), make_job()
+    anonymous = TestClient(admin.app)
+    assert anonymous.post(f"/v1/jobs/{job['id']}/reports", json=report()).status_code == 401
+    stranger = as_trainer(admin, other["token"]).post(f"/v1/jobs/{job['id']}/reports", json=report())
+    assert stranger.status_code == 403
+    bad = as_trainer(admin, job["token"]).post(
+        f"/v1/jobs/{job['id']}/reports", json=report(agent={"ranks": [{"rank": -1, "alive": True}]})
+    )
+    assert bad.status_code == 422 and "agent.ranks[0].rank" in bad.text
+    unknown = as_trainer(admin, job["token"]).post(f"/v1/jobs/{job['id']}/reports", json=report(nodes=3))
+    assert unknown.status_code == 422 and "nodes" in unknown.text
+
+
+def test_an_ended_job_takes_no_more_reports_but_its_last_events(admin: TestClient, make_job: Any) -> None:
+    job = make_job()
+    admin.post(f"/v1/jobs/{job['id']}/cancel")
+    trainer = as_trainer(admin, job["token"])
+    assert trainer.post(f"/v1/jobs/{job['id']}/reports", json=report()).status_code in (401, 409)
+
+
+def test_faults_for_the_ranks_code_ride_every_reply_until_fired(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    job = make_job()
+    supervise(job["id"], force_launch=True)
+    fault = admin.post(f"/v1/jobs/{job['id']}/faults", json={"kind": "exception", "rank": 1, "at_step": 30}).json()
+    assert fault["delivery"] == "trainer"
+    trainer = as_trainer(admin, job["token"])
+    for _ in range(2):
+        reply = trainer.post(f"/v1/jobs/{job['id']}/reports", json=report()).json()
+        assert [(f["id"], f["delivery"], f["at_step"]) for f in reply["faults"]] == [(fault["id"], "trainer", 30)]
+    fired = {"key": f"fault:{fault['id']}", "type": "fault_injected", "rank": 1, "details": {"fault_id": fault["id"]}}
+    reply = trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(events=[fired])).json()
+    assert reply["faults"] == []
+
+
+def test_a_zero_code_job_has_node_level_hang_detection_and_no_false_hang(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    job = make_job(resiliency={"heartbeat_timeout_s": 10, "initial_heartbeat_timeout_s": 10, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    supervise()  # running
+    trainer = as_trainer(admin, job["token"])
+    trainer.post(f"/v1/jobs/{job['id']}/reports", json=report())
+    with pytest.MonkeyPatch.context() as clock:
+        from api.schemas import events as event_schemas
+        from workers.supervision import detect_silent_ranks
+
+        later = event_schemas.utcnow() + timedelta(seconds=25)  # past the initial timeout, and twice it
+        clock.setattr(detect_silent_ranks, "utcnow", lambda: later)
+        supervise()  # its processes live, its ranks report no steps: nothing says it hangs
+    detail = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert detail["progress"]["hang_detection"] == "node"
+    assert admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "hang_detected"}).json()["items"] == []
+    assert detail["attempt"] == 0
+
+
+def test_a_node_whose_agent_goes_silent_is_lost_and_excluded(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    from api.core.db import session_scope
+    from api.database.tables import NodeLiveness
+    from api.schemas.events import utcnow
+
+    job = make_job(nodes=2, resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    supervise()
+    trainer = as_trainer(admin, job["token"])
+    for node, ranks in (("n0", (0, 1)), ("n1", (2, 3))):
+        trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(node, ranks))
+
+    def silent_for(node: str, seconds: float) -> None:
+        with session_scope() as session:
+            row = session.get(NodeLiveness, (job["id"], node))
+            assert row is not None
+            row.last_seen = utcnow() - timedelta(seconds=seconds)
+
+    silent_for("n1", 12)
+    supervise()
+    supervise()  # recorded once
+    lost = admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "heartbeat_lost"}).json()["items"]
+    assert [(e["node"], e["details"]["cause_class"]) for e in lost] == [("n1", "node")]
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["attempt"] == 0
+
+    silent_for("n1", 25)
+    trainer.post(f"/v1/jobs/{job['id']}/reports", json=report("n0", (0, 1)))  # the other node still reports
+    supervise()
+    detail = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert detail["attempt"] == 1 and detail["excluded_nodes"] == ["n1"]
+    assert "node lost" in detail["status_reason"]
+
+
+def test_when_every_node_is_silent_no_node_is_blamed(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
+    from api.core.db import session_scope
+    from api.database.tables import NodeLiveness
+    from api.schemas.events import utcnow
+
+    job = make_job(nodes=2, resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    supervise()
+    trainer = as_trainer(admin, job["token"])
+    for node, ranks in (("n0", (0, 1)), ("n1", (2, 3))):
+        trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(node, ranks))
+    with session_scope() as session:
+        for row in session.query(NodeLiveness).filter_by(job_id=job["id"]):
+            row.last_seen = utcnow() - timedelta(seconds=60)
+    supervise()
+    assert admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "heartbeat_lost"}).json()["items"] == []
