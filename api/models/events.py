@@ -128,6 +128,19 @@ def latest_ts(session: Session, job_id: str, attempt: int, types: Sequence[str])
     )
 
 
+def latest(session: Session, job_id: str, attempt: int, types: Sequence[str]) -> Event | None:
+    query = select(Event).where(Event.job_id == job_id, Event.attempt == attempt, Event.type.in_(list(types)))
+    return session.scalar(query.order_by(Event.ts.desc(), Event.id.desc()).limit(1))
+
+
+def nodes_named(session: Session, job_id: str, attempt: int, types: Sequence[str]) -> list[str]:
+    """The nodes of an attempt's events of these types, first named first."""
+    query = select(Event.node).where(
+        Event.job_id == job_id, Event.attempt == attempt, Event.type.in_(list(types)), Event.node.is_not(None)
+    )
+    return list(dict.fromkeys(n for n in session.scalars(query.order_by(Event.id)) if n))
+
+
 def keys_of_type(session: Session, job_id: str, attempt: int, type_: str) -> set[str]:
     """The keys of an attempt's events of one type (to skip re-reporting what is stored)."""
     query = select(Event.key).where(Event.job_id == job_id, Event.type == type_, Event.attempt == attempt)

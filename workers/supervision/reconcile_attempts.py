@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from sqlalchemy.orm import Session
 
 from api.database.tables import Attempt, Job, RankLiveness
+from api.models import events as event_store
 from api.models import jobs as job_store
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType
@@ -115,9 +116,52 @@ def _apply(session: Session, job: Job, view: BackendView) -> bool:
             if view.phase == AttemptPhase.missing
             else Cause(CauseClass.unknown, "failed")
         )
-        decision = lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause, view.failed_nodes))
+        cause = _explained(session, job, cause)
+        # A node its agent reported unhealthy or lost is blamed, whatever the backend saw of its end.
+        blamed = event_store.nodes_named(
+            session, job.id, job.attempt, [EventType.node_unhealthy, EventType.node_failed]
+        )
+        failure = lifecycle.Failure(cause, tuple(dict.fromkeys([*view.failed_nodes, *blamed])))
+        decision = lifecycle.attempt_failed(session, job, attempt, failure)
         return not decision.gives_up
     return False
+
+
+def _explained(session: Session, job: Job, cause: Cause) -> Cause:
+    """A launcher that ended after spending its in-job restarts knows only its exit status; the node agents
+    reported why its ranks failed. Say that, with its class (a hang, a crash, an exception)."""
+    if cause.cause_class != CauseClass.crash or "rank" in cause.facts:
+        return cause
+    why = _last_round_cause(session, job)
+    if why is None:
+        return cause
+    budget = lifecycle.budgets(lifecycle.spec_of(job)).in_job
+    text = f"{cause.message} after rank failure ({why.message}); in-job restart budget ({budget}) spent"
+    return Cause(
+        why.cause_class if why.cause_class != CauseClass.unknown else cause.cause_class,
+        text,
+        {**cause.facts, **why.facts},
+    )
+
+
+def _last_round_cause(session: Session, job: Job) -> Cause | None:
+    """The root cause among the rank failures since the last in-job restart (the round that ended the launcher):
+    a rank killed for silence, else one killed by a signal, else the first; the rest are collateral."""
+    since = event_store.latest_ts(session, job.id, job.attempt, [EventType.injob_restart])
+    failed = [
+        e
+        for e in event_store.of_job(session, job.id, types=[EventType.rank_failed.value])
+        if e.attempt == job.attempt and (since is None or e.ts >= since) and e.details.get("cause")
+    ]
+    if not failed:
+        last = event_store.latest(session, job.id, job.attempt, [EventType.injob_restart])
+        return Cause.of(last.details) if last is not None and last.details.get("cause") else None
+    hung = [e for e in failed if e.details.get("cause_class") == CauseClass.hang]
+    signalled = [e for e in failed if e.details.get("signal")]
+    root = (hung or signalled or failed)[0]
+    cause = Cause.of(root.details)
+    who = f"rank {root.rank}" if root.rank is not None else "a rank"
+    return cause.with_message(f"{who} {cause.message}")
 
 
 def _record_observations(session: Session, job: Job, attempt: Attempt, view: BackendView) -> None:
