@@ -256,25 +256,40 @@ class LoadResult:
         return percentile(self.latencies_ms, q)
 
 
-def run_load(load: Load) -> LoadResult:
-    """Run `load` in a child process (so the generator's CPU is not the caller's) and return its result."""
+def run_load(load: Load, meter: CpuMeter | None = None) -> tuple[LoadResult, dict[str, float]]:
+    """Run `load` in a child process (so the generator's CPU is not the caller's); returns its result
+    and `meter`'s figures (empty without one).
+
+    The meter covers the measured window alone: it starts after the child has spawned and imported
+    and after the warm-up, and stops when the load ends, before the child shuts down. The result's
+    `cpu_cores` is the generator's own CPU over the same window (the meter's `extra`).
+    """
     ctx = multiprocessing.get_context("spawn")
     queue: Any = ctx.Queue()
     child = ctx.Process(target=_load_child, args=(load, queue))
     child.start()
-    result: LoadResult = queue.get()
-    child.join()
-    return result
+    cpu: dict[str, float] = {}
+    try:
+        started = queue.get(timeout=load.warmup_s + 120)
+        assert started == _MEASURING, started
+        if meter is not None:
+            meter.start()
+        result: LoadResult = queue.get(timeout=load.duration_s + 120)
+        if meter is not None:
+            cpu = meter.stop(extra=result.cpu_cores)
+    finally:
+        child.join(timeout=30)
+    return result, cpu
+
+
+_MEASURING = "measuring"
 
 
 def _load_child(load: Load, queue: Any) -> None:
-    started_cpu = time.process_time()
-    result = asyncio.run(_drive(load))
-    result.cpu_cores = (time.process_time() - started_cpu) / max(1e-9, result.elapsed_s + load.warmup_s)
-    queue.put(result)
+    asyncio.run(_drive(load, queue.put))
 
 
-async def _drive(load: Load) -> LoadResult:
+async def _drive(load: Load, report: Callable[[Any], None]) -> LoadResult:
     import aiohttp
 
     headers = {"Authorization": f"Bearer {load.token}", "Content-Type": "application/json"}
@@ -302,6 +317,8 @@ async def _drive(load: Load) -> LoadResult:
                 i += 1
 
         await asyncio.gather(*(warm() for _ in range(load.concurrency)))
+        report(_MEASURING)  # the window the caller's meters cover starts here
+        started_cpu = time.process_time()
         started = time.monotonic()
         deadline = started + load.duration_s
 
@@ -323,7 +340,10 @@ async def _drive(load: Load) -> LoadResult:
 
         await asyncio.gather(*(worker() for _ in range(load.concurrency)))
         elapsed = time.monotonic() - started
-    return LoadResult(counter, errors, elapsed, latencies, statuses)
+        cpu_cores = (time.process_time() - started_cpu) / max(1e-9, elapsed)
+        result = LoadResult(counter, errors, elapsed, latencies, statuses, cpu_cores)
+        report(result)  # before the connections close: the window ends with the load
+    return result
 
 
 def _now_iso() -> str:

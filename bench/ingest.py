@@ -13,7 +13,8 @@ Modes, each bounded by --duration and --max-requests:
 
 Figures per mode: rank-beats/s accepted, requests/s, p50/p99 request latency, CPU used by the
 API, PostgreSQL (the backends of the bench database and the server's own processes) and the load
-generator, in cores, and what else ran on the machine meanwhile ("other": this host is shared);
+generator, in cores, and what else ran on the machine meanwhile ("other": this host is shared),
+all over the measured window only (the load generator's spawn, its warm-up and its exit excluded);
 CPU microseconds per beat (API, PostgreSQL); the ratio to the single-beat baseline. With
 --fillfactor N, the batch mode once more on a database whose rank_liveness has that fillfactor
 (room for HOT updates: a schema change the project does not make), to measure what it would give.
@@ -156,9 +157,8 @@ def run_config(label: str, modes: list[Mode], args: argparse.Namespace, fillfact
                     max_requests=args.max_requests,
                     warmup_s=args.warmup,
                 )
-                meter.start()
-                result = run_load(load)
-                outcome = Outcome(label, mode, result, meter.stop(extra=result.cpu_cores))
+                result, cpu = run_load(load, meter)  # the load generator's spawn and warm-up are not metered
+                outcome = Outcome(label, mode, result, cpu)
                 outcomes.append(outcome)
                 print(
                     f"  {outcome.beats_per_s:,.0f} rank-beats/s, {outcome.requests_per_s:,.0f} req/s, "

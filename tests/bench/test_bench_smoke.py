@@ -1,4 +1,5 @@
-"""Each benchmark script end to end with tiny parameters, so the scripts cannot rot (not a measurement)."""
+"""Each benchmark script in bench/ end to end with tiny parameters, so the scripts cannot rot (not a measurement):
+recovery, ingest, detect, scale, and gpu's efficiency section (the one that runs without CUDA)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,20 @@ import pytest
 from tests.conftest import PG_URL, REDIS_URL, require
 
 pytestmark = pytest.mark.slow
+
+
+def test_recovery_smoke(tmp_path: Path) -> None:
+    """One rung (in-job), one fault: the script reaches its table and writes its measurements."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "recovery.json"
+    cmd = [sys.executable, "-m", "bench.recovery", "--faults", "1", "--rungs", "injob", "--json", str(out)]
+    cmd += ["--workdir", str(tmp_path / "work")]  # its logs stay with the test
+    done = subprocess.run(cmd, timeout=240, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (m,) = json.loads(out.read_text())["injob"]
+    assert 0 < m["detect_s"] <= m["resume_s"] <= m["recovery_s"] < 120
 
 
 def test_ingest_smoke(tmp_path: Path) -> None:
