@@ -266,6 +266,16 @@ def describe_job(job_id: str, output: OutputOpt = Output.table) -> None:
     console.print(f"attempt: {job['attempt']}  job restarts: {job['job_restarts']}  backend: {job['backend']}")
     if job["excluded_nodes"]:
         console.print(f"excluded nodes: {', '.join(job['excluded_nodes'])}")
+    progress = job.get("progress") or {}
+    if progress.get("step") is not None:
+        line = f"progress: step {progress['step']}"
+        if progress.get("total_steps"):
+            line += f" of {progress['total_steps']} ({progress['fraction'] * 100:.0f} %)"
+        if progress.get("eta_s") is not None:
+            line += f", ETA {progress['eta_s']:.0f} s"
+        console.print(line)
+    if progress.get("hang_detection") == "node":
+        console.print("hang detection: node-level only (the ranks report no progress: add the SDK or a log pattern)")
     console.print("spec:")
     console.print(yaml.safe_dump(job["spec"], sort_keys=False).rstrip())
     console.print("recent events:")

@@ -11,13 +11,15 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.database.tables import Event, Job, RankLiveness
+from api.database.tables import Event, Job, NodeLiveness, RankLiveness
 from api.models import jobs as job_store
-from api.models import liveness
+from api.models import liveness, nodes
 from api.schemas.events import RESTART_TYPES, EventType, utcnow
+from api.schemas.jobs import JobProgress
 from api.services import lifecycle
 from api.services.goodput.records import number
 from api.services.goodput_view import GoodputView, goodput_of
+from api.services.progress import progress_of
 
 RUNGS: tuple[tuple[EventType, str], ...] = (
     (EventType.inprocess_restart, "in-process"),
@@ -139,6 +141,8 @@ class JobView:
     heartbeat_timeout_s: float
     goodput: GoodputView | None
     recent: list[Event] = field(default_factory=list)
+    steps: JobProgress | None = None
+    nodes: list[NodeLiveness] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
@@ -284,4 +288,6 @@ def job_view(session: Session, job: Job) -> JobView:
         heartbeat_timeout_s=spec.resiliency.heartbeat_timeout_s,
         goodput=goodput_of(session, job),
         recent=list(events[-30:])[::-1],
+        steps=progress_of(session, job),
+        nodes=[n for n in nodes.of_job(session, job.id) if n.attempt == job.attempt],
     )

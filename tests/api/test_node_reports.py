@@ -165,3 +165,14 @@ def test_when_every_node_is_silent_no_node_is_blamed(admin: TestClient, make_job
             row.last_seen = utcnow() - timedelta(seconds=60)
     supervise()
     assert admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "heartbeat_lost"}).json()["items"] == []
+
+
+def test_the_job_page_shows_progress_and_the_hang_detection_level(admin: TestClient, make_job: Any) -> None:
+    job = make_job()
+    trainer = as_trainer(admin, job["token"])
+    page = admin.get(f"/jobs/{job['id']}")
+    assert "node-level only" in page.text
+    beats = [{"rank": 0, "step": 25, "step_time_s": 2.0, "total_steps": 100}]
+    trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(heartbeats=beats))
+    page = admin.get(f"/jobs/{job['id']}")
+    assert "step 25 of 100 (25 %)" in page.text and "per rank" in page.text and "n0" in page.text
