@@ -15,6 +15,11 @@ an async save never finished -- is never loaded and is deleted once a newer
 checkpoint is complete. The newest `keep` complete checkpoints are kept; older
 ones are deleted on a background thread (deleting tens of GB takes seconds), never
 on the training thread.
+
+Rank 0 reports `checkpoint_saved` (step, blocking and total seconds, bytes: what
+goodput reads) and `checkpoint_loaded` through an `EventSink` (trainer/sdk/sink.py;
+the SDK's run is one, and `trainer.sdk.checkpointer(run)` builds a Checkpointer
+wired to it).
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -37,11 +43,15 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainer.reporter import Reporter, utcnow_iso
+from trainer.sdk.sink import checkpoint_saved_details
+
+if TYPE_CHECKING:
+    from trainer.sdk.sink import EventSink
 
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "ftplane-complete.json"
+ENGINES = ("sync", "async", "none")
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -135,9 +145,11 @@ class Checkpointer:
         interval: int,
         keep: int,
         rank: int,
-        reporter: Reporter,
+        reporter: EventSink,
         device: torch.device,
     ) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"checkpoint engine {engine!r} is not one of {', '.join(ENGINES)}")
         self.engine = engine if root is not None else "none"
         self.root = root
         self.interval = interval
@@ -196,9 +208,9 @@ class Checkpointer:
             log.info("resumed from %s (step %d) in %.2f s", path, step, load_s)
             self.reporter.event(
                 "checkpoint_loaded",
-                rank=self.rank,
-                step=step,
                 details={"step": step, "path": path, "load_s": round(load_s, 4), "engine": self.engine},
+                step=step,
+                rank=self.rank,
             )
         return step
 
@@ -328,7 +340,7 @@ class Checkpointer:
                 "blocking_s": blocking_s,
                 "total_s": total_s,
                 "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                "completed_at": utcnow_iso(),
+                "completed_at": datetime.now(UTC).isoformat(),
             },
         )
         self._janitor.submit(self._rotate)
@@ -341,20 +353,12 @@ class Checkpointer:
             " (" + ", ".join(f"{k} {v:.3f} s" for k, v in stages.items()) + ")" if stages else "",
             total_s,
         )
-        self.reporter.event(
-            "checkpoint_saved",
-            rank=self.rank,
-            step=step,
-            details={
-                "step": step,
-                "blocking_s": round(blocking_s, 4),
-                "total_s": round(total_s, 4),
-                "bytes": size,
-                "engine": self.engine,
-                "path": str(path),
-                **({"blocking_stages_s": {k: round(v, 4) for k, v in stages.items()}} if stages else {}),
-            },
+        details = checkpoint_saved_details(
+            step, blocking_s=blocking_s, total_s=total_s, bytes=size, engine=self.engine, path=str(path)
         )
+        if stages:
+            details["blocking_stages_s"] = {k: round(v, 4) for k, v in stages.items()}
+        self.reporter.event("checkpoint_saved", details=details, step=step, rank=self.rank)
 
     def _rotate(self) -> None:
         assert self.root is not None

@@ -3,15 +3,16 @@
 Each field may name the environment variable the control plane sets for it
 (`FTPLANE_*`); a command-line flag (`--field-name`) overrides the environment,
 so `python -m trainer --model tiny --steps 20` runs standalone with no
-environment at all. The job token is deliberately not a field: it is read
-from `FTPLANE_TOKEN` only (a flag would show it in `ps`), and never printed.
+environment at all. What says who the process reports for (job, attempt, the
+node agent's socket, injected faults) is the SDK's to read (trainer/sdk), not
+this file's: the built-in trainer reports through the SDK like any other
+training script. The job's token never reaches the ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import types
 from collections.abc import Mapping, Sequence
@@ -19,8 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 CheckpointEngine = Literal["sync", "async", "none"]
-FaultKind = Literal["exception", "crash", "hang"]
-FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 CHECKPOINT_ENGINES: tuple[str, ...] = get_args(CheckpointEngine)
 
 
@@ -49,15 +48,6 @@ MODEL_PRESETS: dict[str, ModelArgs] = {
     # ~1.3B parameters.
     "large": ModelArgs(vocab_size=32000, dim=2048, n_layers=24, n_heads=16, seq_len=2048),
 }
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    """Inject `kind` on `rank` when it is about to run step `at_step` (0-based; once per job)."""
-
-    kind: str
-    rank: int
-    at_step: int
 
 
 def _env(name: str) -> dict[str, Any]:
@@ -116,18 +106,7 @@ class Config:
             "help": "process-group timeout (default: 10 s on CPU/gloo, 600 s on CUDA/NCCL)",
         },
     )
-    # --- fault injection ---
-    faults: list[FaultSpec] = field(
-        default_factory=list,
-        metadata={**_env("FTPLANE_FAULTS"), "help": 'JSON list of {"kind", "rank", "at_step"}'},
-    )
-    # --- control plane ---
-    url: str | None = field(default=None, metadata={**_env("FTPLANE_URL"), "help": "control plane base URL"})
-    job_id: str | None = field(default=None, metadata=_env("FTPLANE_JOB_ID"))
-    attempt: int = field(default=0, metadata=_env("FTPLANE_ATTEMPT"))
-    report_interval_s: float = field(
-        default=1.0, metadata={"help": "seconds between heartbeat reports to the control plane"}
-    )
+    # --- the process group ---
     master_addr: str | None = field(
         default=None,
         metadata={
@@ -135,7 +114,6 @@ class Config:
             "help": "rendezvous address of rank 0 for the process group (overrides MASTER_ADDR)",
         },
     )
-    token: str | None = field(default=None, repr=False, metadata={"secret": True})
 
     @property
     def model_args(self) -> ModelArgs:
@@ -168,8 +146,6 @@ class Config:
                 raise bad(name, "must be at least 1")
         if self.seq_len is not None and self.seq_len < 2:
             raise bad("seq_len", "must be at least 2")
-        if self.attempt < 0:
-            raise bad("attempt (FTPLANE_ATTEMPT)", "must be >= 0")
         if not 1.0 <= self.inprocess_soft_timeout_s < self.inprocess_hard_timeout_s:
             raise bad(
                 "inprocess_soft_timeout_s",
@@ -178,43 +154,10 @@ class Config:
             )
         if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
             raise bad("collective_timeout_s", "must be positive")
-        if self.report_interval_s <= 0:
-            raise bad("report_interval_s", "must be positive")
         return self
 
 
 # --- parsing --------------------------------------------------------------------------------------
-
-
-def parse_faults(text: str | Sequence[Mapping[str, Any]] | None) -> list[FaultSpec]:
-    """`FTPLANE_FAULTS`: a JSON list of {kind, rank, at_step}; unknown keys are refused."""
-    if text is None or text == "":
-        return []
-    try:
-        items = json.loads(text) if isinstance(text, str) else list(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"faults (FTPLANE_FAULTS): not valid JSON ({exc}); expected a list") from exc
-    if not isinstance(items, list):
-        raise ConfigError("faults (FTPLANE_FAULTS): expected a JSON list of {kind, rank, at_step}")
-    faults = []
-    for i, item in enumerate(items):
-        where = f"faults[{i}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError(f"{where}: expected an object with kind, rank, at_step")
-        unknown = set(item) - {"kind", "rank", "at_step"}
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-        kind = item.get("kind")
-        if kind not in FAULT_KINDS:
-            raise ConfigError(f"{where}.kind: {kind!r} is not one of {', '.join(FAULT_KINDS)}")
-        numbers = {}
-        for name in ("rank", "at_step"):
-            value = item.get(name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{where}.{name}: expected an integer >= 0, got {value!r}")
-            numbers[name] = value
-        faults.append(FaultSpec(kind=kind, **numbers))
-    return faults
 
 
 def _parse_bool(text: str) -> bool:
@@ -240,8 +183,6 @@ def _convert(name: str, annotation: Any, text: str) -> Any:
     optional = base is not annotation
     if optional and text.strip().lower() in ("", "none"):
         return None
-    if name == "faults":
-        return parse_faults(text)
     if base is bool:
         return _parse_bool(text)
     if base in (int, float, str):
@@ -257,7 +198,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     """Defaults, then `FTPLANE_*` variables, then command-line flags; validated."""
     environ = os.environ if environ is None else environ
     hints = get_type_hints(Config)
-    fields = [f for f in dataclasses.fields(Config) if not f.metadata.get("secret")]
+    fields = dataclasses.fields(Config)
 
     values: dict[str, Any] = {}
     for f in fields:
@@ -271,7 +212,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     parser = argparse.ArgumentParser(
         prog="python -m trainer",
         description="FSDP2 training of a small decoder-only transformer on synthetic tokens, "
-        "with NVRx fault tolerance and reports to the ftplane control plane.",
+        "with NVRx fault tolerance, reporting to the ftplane control plane through its node agent.",
     )
     for f in fields:
         env_name = f.metadata.get("env")
@@ -287,6 +228,4 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
                 values[f.name] = _convert(f.name, hints[f.name], text)
             except (ValueError, TypeError) as exc:
                 parser.error(f"{_flag(f.name)} {text!r}: {exc}")
-
-    values["token"] = environ.get("FTPLANE_TOKEN") or None
     return Config(**values).validate()

@@ -1,9 +1,9 @@
 """Deterministic fault injection: which fault, on which rank, before which step, once per job.
 
 Faults come from the job spec (`FTPLANE_FAULTS`, fired when `rank` is about to
-run step `at_step`) and from the control plane (directives in heartbeat
-replies; `at_step: null` means the next step, and a step already passed also
-means the next step). Each fault fires once per job, although a job that
+run step `at_step`) and from the control plane (directives the node agent
+forwards to the rank; `at_step: null` means the next step, and a step already
+passed also means the next step). Each fault fires once per job, although a job that
 resumes from an earlier checkpoint passes the same step again: before firing,
 the injecting rank creates a marker file (O_EXCL) on shared storage, and a
 fault whose marker exists never fires again.
@@ -18,8 +18,10 @@ The kinds and the recovery rung each one exercises (see docs/fault-injection.md)
   detected by ft_launcher's rank heartbeat timeout (or the Wrapper's soft
   timeout when in-process restart is on).
 
-`fault_injected` is reported, and the reporter flushed (bounded), before the
-fault fires, so the event survives even a SIGKILL.
+`fault_injected` is reported, and flushed (bounded), before the fault fires,
+so the event survives even a SIGKILL. Reports go through an `EventSink`
+(trainer/sdk/sink.py; the SDK's run is one). Standard library only: the SDK
+runs this inside the user's training processes.
 """
 
 from __future__ import annotations
@@ -31,14 +33,63 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from trainer.config import FAULT_KINDS, FaultSpec
-from trainer.reporter import Reporter, utcnow_iso
+if TYPE_CHECKING:
+    from trainer.sdk.sink import EventSink
 
 log = logging.getLogger(__name__)
+
+FaultKind = Literal["exception", "crash", "hang"]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+
+
+class FaultSpecError(ValueError):
+    """`FTPLANE_FAULTS` is not what the control plane writes; the message names the entry and the field."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Inject `kind` on `rank` when it is about to run step `at_step` (0-based; once per job)."""
+
+    kind: str
+    rank: int
+    at_step: int
+
+
+def parse_faults(text: str | Sequence[Mapping[str, Any]] | None) -> list[FaultSpec]:
+    """`FTPLANE_FAULTS`: a JSON list of {kind, rank, at_step}; unknown keys are refused."""
+    if text is None or text == "":
+        return []
+    try:
+        items = json.loads(text) if isinstance(text, str) else list(text)
+    except json.JSONDecodeError as exc:
+        raise FaultSpecError(f"faults (FTPLANE_FAULTS): not valid JSON ({exc}); expected a list") from exc
+    if not isinstance(items, list):
+        raise FaultSpecError("faults (FTPLANE_FAULTS): expected a JSON list of {kind, rank, at_step}")
+    faults = []
+    for i, item in enumerate(items):
+        where = f"faults[{i}]"
+        if not isinstance(item, Mapping):
+            raise FaultSpecError(f"{where}: expected an object with kind, rank, at_step")
+        unknown = set(item) - {"kind", "rank", "at_step"}
+        if unknown:
+            raise FaultSpecError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        kind = item.get("kind")
+        if kind not in FAULT_KINDS:
+            raise FaultSpecError(f"{where}.kind: {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+        numbers = {}
+        for name in ("rank", "at_step"):
+            value = item.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise FaultSpecError(f"{where}.{name}: expected an integer >= 0, got {value!r}")
+            numbers[name] = value
+        faults.append(FaultSpec(kind=kind, **numbers))
+    return faults
 
 
 class InjectedFault(RuntimeError):
@@ -75,7 +126,7 @@ class FaultInjector:
         rank: int,
         job_id: str | None,
         markers: Path,
-        reporter: Reporter,
+        reporter: EventSink,
         flush_timeout_s: float = 2.0,
     ) -> None:
         self.rank = rank
@@ -94,7 +145,7 @@ class FaultInjector:
         self._lock = threading.Lock()
 
     def add_directives(self, directives: list[dict[str, Any]]) -> None:
-        """Faults asked for by the control plane (called from the reporter's thread)."""
+        """Faults asked for by the control plane (called from the thread that receives the agent's messages)."""
         with self._lock:
             for d in directives:
                 fault_id, kind, rank = d.get("id"), d.get("kind"), d.get("rank")
@@ -140,7 +191,13 @@ class FaultInjector:
     def _claim(self, fault: PlannedFault, step: int) -> bool:
         """Record the fault as fired; False if it already fired in this job (or cannot be recorded)."""
         path = self._marker(fault)
-        record = {"kind": fault.kind, "rank": self.rank, "step": step, "ts": utcnow_iso(), "pid": os.getpid()}
+        record = {
+            "kind": fault.kind,
+            "rank": self.rank,
+            "step": step,
+            "ts": datetime.now(UTC).isoformat(),
+            "pid": os.getpid(),
+        }
         try:
             self.markers.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -166,7 +223,7 @@ class FaultInjector:
         }
         if fault.index is not None:
             details["index"] = fault.index
-        self.reporter.event("fault_injected", rank=self.rank, step=step, details=details)
+        self.reporter.event("fault_injected", details=details, step=step, rank=self.rank)
         delivered = self.reporter.flush(self.flush_timeout_s)
         log.warning(
             "injecting fault %s: %s on rank %d before step %d (event delivered: %s)",

@@ -1,18 +1,28 @@
 """Every place the trainer hooks into NVIDIA's resiliency extension (NVRx), and nothing else.
 
-1. `HeartbeatClient` -- ft_launcher's in-job restart and hang detection: each
-   rank sends one heartbeat per step over IPC to its rank monitor; a rank silent
-   for `--ft-rank-heartbeat-timeout` is killed and the worker group restarted.
-   Only active under ft_launcher (it sets FT_RANK_MONITOR_IPC_SOCKET).
+1. `HeartbeatClient`, `ProgressHeartbeats` -- ft_launcher's in-job restart and
+   hang detection: each rank sends heartbeats over IPC to its rank monitor; a
+   rank silent for `--ft-rank-heartbeat-timeout` is killed and the worker group
+   restarted. Only active under ft_launcher (it sets FT_RANK_MONITOR_IPC_SOCKET).
+   A heartbeat is a round trip to the monitor process, so the SDK sends them
+   from a thread of its own, one per interval in which the loop made progress
+   (`ProgressHeartbeats`): a hung loop still goes silent, and a slow monitor
+   never holds up a step.
 2. `wrap_inprocess` -- in-process restart: the training function runs inside
    `inprocess.Wrapper`; on a fault on any rank it is re-entered in the same
    processes (a new process group per iteration, state reloaded from the latest
-   checkpoint). `Iteration.ping()` feeds the Wrapper's progress watchdog.
+   checkpoint). `Iteration.ping()` feeds the Wrapper's progress watchdog. The
+   SDK's `inprocess` helper (trainer/sdk/restart.py) is what calls it.
 3. `NvrxAsyncSaver` -- the async checkpoint engine on CUDA: NVRx's
    `FileSystemWriterAsync` + `AsyncCallsQueue` write a torch.distributed.checkpoint
    from a separate process while training goes on.
 
 Version notes (the trainer runs on nvidia-resiliency-ext 0.4.1 and 0.7.x):
+- NVRx marks in-process restart deprecated from 0.6 on. ftplane keeps the rung
+  (it is the cheapest where it works); `inprocess_available()` says whether the
+  installed NVRx still has the Wrapper, and the SDK runs the training function
+  unwrapped (the next rung, ft_launcher's in-job restart, then handles faults)
+  where it does not. The policy classes below then stand on plain bases, unused.
 - From 0.5-ish the Wrapper appends GPU and NVLink health checks (NVML) to the
   restart health check whenever LOCAL_RANK is set, which ft_launcher always
   sets. They fail on a machine without NVML, so on CPU the trainer replaces
@@ -50,11 +60,14 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
-from trainer.config import Config
-from trainer.distributed import Placement
+try:
+    from nvidia_resiliency_ext import inprocess as _inprocess
+
+    inprocess: Any = _inprocess
+except ImportError:  # pragma: no cover - an NVRx without in-process restart
+    inprocess = None
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +125,68 @@ class HeartbeatClient:
         self._client = None
 
 
+class ProgressHeartbeats:
+    """ft_launcher's rank heartbeats for a loop that must never wait on them.
+
+    The loop calls `progress()` once per step (an integer increment, nothing else). A daemon thread
+    owns the `HeartbeatClient`: it connects (again at each `reconnect()`, i.e. at each entry of the
+    training function, as NVRx's examples do), then sends one heartbeat per `interval_s` in which
+    the loop progressed. A hung loop progresses no more, so the rank monitor hears nothing and
+    ft_launcher restarts the group after --ft-rank-heartbeat-timeout, as with a heartbeat sent by
+    the loop itself, at most `interval_s` later. Until the first step after a (re)connect the
+    launcher's initial timeout applies (model build, checkpoint load).
+    """
+
+    def __init__(self, interval_s: float = 0.25, client: HeartbeatClient | None = None) -> None:
+        self.client = client if client is not None else HeartbeatClient()
+        self.enabled = self.client.enabled
+        self.interval_s = interval_s
+        self._progress = 0
+        self._connects = 1 if self.enabled else 0  # connect requests; the thread connects on each new one
+        self._stopping = False
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, name="ftplane-nvrx-heartbeats", daemon=True)
+            self._thread.start()
+
+    @property
+    def connected(self) -> bool:
+        return self.client.connected
+
+    def progress(self) -> None:
+        """The loop made progress (called on the training thread: O(1), no I/O)."""
+        self._progress += 1
+
+    def reconnect(self) -> None:
+        """Connect again (a new training iteration): the launcher's initial timeout applies anew."""
+        if self.enabled:
+            self._connects += 1
+            self._wake.set()
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return  # stuck on the monitor: a daemon thread, it ends with the process
+        self.client.close()
+
+    def _run(self) -> None:
+        connected_for, sent = 0, 0
+        while not self._stopping:
+            if self._connects != connected_for:
+                connected_for = self._connects
+                self.client.connect()
+                sent = self._progress  # the initial timeout runs until the next step
+            elif self._progress != sent:
+                sent = self._progress
+                self.client.beat()
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+
 # --- 2. in-process restart ------------------------------------------------------------------------
 
 
@@ -128,7 +203,17 @@ class Iteration:
             self.call_wrapper.ping()
 
 
-class RestartBudget(inprocess.health_check.HealthCheck):
+def inprocess_available() -> bool:
+    """Whether the installed NVRx still has in-process restart (deprecated from 0.6 on)."""
+    return inprocess is not None and hasattr(inprocess, "Wrapper")
+
+
+_HealthCheck: Any = inprocess.health_check.HealthCheck if inprocess is not None else object
+_Finalize: Any = inprocess.finalize.Finalize if inprocess is not None else object
+_RankAssignment: Any = inprocess.rank_assignment.RankAssignment if inprocess is not None else object
+
+
+class RestartBudget(_HealthCheck):
     """Refuse a restart after `max_iterations` in-process restarts: every rank then leaves the
     Wrapper and the process exits, so the next rung (ft_launcher's in-job restart) takes over.
 
@@ -149,7 +234,7 @@ class RestartBudget(inprocess.health_check.HealthCheck):
         return state
 
 
-class BeforeRestart(inprocess.finalize.Finalize):
+class BeforeRestart(_Finalize):
     def __init__(self, budget: RestartBudget) -> None:
         self.budget = budget
 
@@ -158,7 +243,7 @@ class BeforeRestart(inprocess.finalize.Finalize):
         return state
 
 
-class AllRanksOrNone(inprocess.rank_assignment.RankAssignment):
+class AllRanksOrNone(_RankAssignment):
     """Restart in process only with the whole world. NVRx's default would shrink the world around a
     rank that left (terminated, or gone on to the next rung); FSDP's sharding and the per-rank data
     would then silently change. Instead every rank leaves the Wrapper, and ft_launcher restarts the
@@ -193,19 +278,28 @@ def is_restart_signal(exc: BaseException) -> bool:
     return isinstance(exc, RESTART_SIGNALS)
 
 
-def wrap_inprocess(train: Callable[[Iteration], None], cfg: Config, placement: Placement) -> Callable[[], None]:
-    """`train` wrapped in NVRx's in-process restart, configured from the job spec."""
-    soft = datetime.timedelta(seconds=cfg.inprocess_soft_timeout_s)
-    hard = datetime.timedelta(seconds=cfg.inprocess_hard_timeout_s)
+def wrap_inprocess(
+    train: Callable[[Iteration], None],
+    *,
+    store_host: str,
+    store_port: int,
+    soft_timeout_s: float,
+    hard_timeout_s: float,
+    max_iterations: int,
+    cuda: bool,
+) -> Callable[[], None]:
+    """`train` wrapped in NVRx's in-process restart, configured from the job spec. The Wrapper's
+    store is its own, at `store_host:store_port` (rank 0 hosts it)."""
+    soft = datetime.timedelta(seconds=soft_timeout_s)
+    hard = datetime.timedelta(seconds=hard_timeout_s)
     barrier = max(datetime.timedelta(seconds=120), hard + datetime.timedelta(seconds=30))
-    budget = RestartBudget(cfg.inprocess_max_iterations)
-    health: inprocess.health_check.HealthCheck = budget
-    on_cuda = placement.device.type == "cuda"
-    if on_cuda:
+    budget = RestartBudget(max_iterations)
+    health = budget
+    if cuda:
         health = inprocess.Compose(inprocess.health_check.CudaHealthCheck(), budget)
 
     wrapper = inprocess.Wrapper(
-        store_kwargs={"host_name": placement.master_addr, "port": placement.wrapper_port},
+        store_kwargs={"host_name": store_host, "port": store_port},
         health_check=health,
         finalize=BeforeRestart(budget),
         rank_assignment=AllRanksOrNone(),
@@ -215,7 +309,7 @@ def wrap_inprocess(train: Callable[[Iteration], None], cfg: Config, placement: P
         barrier_timeout=barrier,
         completion_timeout=barrier,
     )
-    if not on_cuda and hasattr(wrapper, "restart_health_check"):
+    if not cuda and hasattr(wrapper, "restart_health_check"):
         # NVRx >= 0.5: GPU/NVLink checks are appended when LOCAL_RANK is set; they need NVML.
         wrapper.restart_health_check = health
 

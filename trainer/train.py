@@ -1,11 +1,14 @@
 """The training entrypoint: read top to bottom.
 
-`main` sets up what lives as long as the process (reporter, fault injector,
-NVRx heartbeat client, the rendezvous store) and runs `train`, wrapped in
-NVRx's in-process restart when it is on. `train` is one iteration of that
-restart loop: process group, model, FSDP2 sharding, optimizer, checkpointer,
-resume, then the loop. Each step: inject a due fault, train, beat (NVRx
-heartbeat, Wrapper progress, control-plane heartbeat), checkpoint.
+`main` sets up what lives as long as the process: the rendezvous store and the SDK's run, which
+reports to the node agent, sends ft_launcher's rank heartbeats and injects faults. It runs `train`
+through the SDK's `inprocess` helper: wrapped in NVRx's in-process restart when it is on, once
+otherwise, each failure reported. `train` is one iteration of that restart loop: process group,
+model, FSDP2 sharding, optimizer, checkpointer, resume, then the loop. Each step: train,
+checkpoint, then `run.step()`: liveness three ways (the control plane's heartbeat, ft_launcher's
+rank heartbeat, the Wrapper's progress ping), then a fault due before the next step.
+
+In-job restarts are the node agent's to report: it sees ft_launcher restart the group, and why.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -26,13 +28,10 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from trainer import nvrx
-from trainer.checkpoint import Checkpointer
+from trainer import nvrx, sdk
 from trainer.config import Config, parse_config
 from trainer.distributed import Placement, create_store, destroy_process_group, init_process_group
-from trainer.faults import FaultInjector, marker_dir
 from trainer.model import Transformer, count_parameters, synthetic_batch
-from trainer.reporter import Reporter
 
 log = logging.getLogger("trainer")
 
@@ -47,77 +46,39 @@ def main(argv: list[str] | None = None) -> int:
     if placement.rank == 0:
         log.info("config: %s", cfg)
 
-    reporter = Reporter(cfg.url, cfg.job_id, cfg.attempt, cfg.token, report_interval_s=cfg.report_interval_s)
-    faults = FaultInjector(
-        cfg.faults,
-        rank=placement.rank,
-        job_id=cfg.job_id,
-        markers=marker_dir(cfg.checkpoint_dir, cfg.job_id),
-        reporter=reporter,
-    )
-    reporter.on_faults = faults.add_directives
-    heartbeats = nvrx.HeartbeatClient()
     store = create_store(placement)
-    causes = nvrx.RestartCauses(store, placement.restart_count)
-
-    if placement.restart_count > 0 and placement.local_rank == 0:
-        # ft_launcher restarted the workers. Every node's local rank 0 says so under the same key.
-        reporter.event(
-            "injob_restart",
-            rank=placement.rank,
-            key=f"injob_restart:{cfg.job_id}:{cfg.attempt}:{placement.restart_count}",
-            details={"restart_count": placement.restart_count},
-        )
-
-    train_iteration = functools.partial(train, cfg, placement, reporter, faults, heartbeats, store, causes)
-    run: Callable[[], None] = (
-        nvrx.wrap_inprocess(train_iteration, cfg, placement)
-        if cfg.inprocess
-        else functools.partial(train_iteration, nvrx.Iteration())
+    # Reports through the node agent; ft_launcher's rank heartbeats (NVRx RankMonitorClient) from the
+    # SDK's thread; failures recorded in the store, so that each says which rank failed first.
+    run = sdk.init(total_steps=cfg.steps, store=store, report_uncaught=False)
+    # NVRx in-process restart, when on: after a fault, `train` is entered again in these processes.
+    training = sdk.inprocess(
+        functools.partial(train, cfg, placement, run, store),
+        run,
+        enabled=cfg.inprocess,
+        soft_timeout_s=cfg.inprocess_soft_timeout_s,
+        hard_timeout_s=cfg.inprocess_hard_timeout_s,
+        max_iterations=cfg.inprocess_max_iterations,
+        store_host=placement.master_addr,
+        store_port=placement.wrapper_port,
+        cuda=placement.device.type == "cuda",
     )
 
     try:
-        run()
+        training()
     except BaseException:
         traceback.print_exc()
-        reporter.close(timeout=FAILURE_FLUSH_S)
+        run.finish(timeout=FAILURE_FLUSH_S)
         sys.stderr.flush()
         # Leave without running atexit hooks, which could wait on a background save stuck on a dead peer.
         os._exit(1)
-    heartbeats.close()
-    reporter.close(timeout=EXIT_FLUSH_S)
+    run.finish(timeout=EXIT_FLUSH_S)
     return 0
 
 
-def train(
-    cfg: Config,
-    placement: Placement,
-    reporter: Reporter,
-    faults: FaultInjector,
-    heartbeats: nvrx.HeartbeatClient,
-    store: torch.distributed.Store,
-    causes: nvrx.RestartCauses,
-    iteration: nvrx.Iteration,
-) -> None:
+def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distributed.Store) -> None:
     """One iteration of the in-process restart loop (the only one without in-process restart)."""
-    rank, world_size = init_process_group(placement, store, iteration.index)
-    heartbeats.connect()
-    if iteration.index > 0 and rank == 0:
-        cause = causes.first(iteration.index - 1)
-        reporter.event(
-            "inprocess_restart",
-            rank=rank,
-            key=f"inprocess_restart:{cfg.job_id}:{cfg.attempt}:{placement.restart_count}:{iteration.index}",
-            details={
-                "iteration": iteration.index,
-                "cause": cause or "unknown",
-                "cause_class": "exception" if cause else "unknown",
-                "restart_count": placement.restart_count,
-            },
-        )
-
-    step = 0
-    checkpointer: Checkpointer | None = None
+    rank, world_size = init_process_group(placement, store, run.iteration)
+    checkpointer = None
     try:
         # Model, sharded with FSDP2 over all ranks.
         args = cfg.model_args
@@ -137,17 +98,17 @@ def train(
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
 
-        root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else _scratch_dir(cfg)
-        checkpointer = Checkpointer(
-            root,
+        # Checkpoints (async: NVRx's writer on CUDA), each completed one reported through the run.
+        checkpointer = sdk.checkpointer(
+            run,
+            root=cfg.checkpoint_dir or _scratch_dir(cfg, run.job_id),
             engine=cfg.checkpoint_engine,
             interval=cfg.checkpoint_interval,
             keep=cfg.checkpoint_keep,
             rank=rank,
-            reporter=reporter,
             device=placement.device,
         )
-        step = start_step = checkpointer.load_latest(model, optimizer)
+        start_step = checkpointer.load_latest(model, optimizer)
 
         if rank == 0:
             log.info(
@@ -158,25 +119,17 @@ def train(
                 placement.device.type,
                 start_step,
                 cfg.steps,
-                iteration.index,
-                placement.restart_count,
+                run.iteration,
+                run.restart_count,
             )
-        reporter.event(
-            "running",
-            rank=rank,
-            step=start_step,
-            details={
-                "restart_count": placement.restart_count,
-                "iteration": iteration.index,
+        # `running`, then a fault due before the first step (may raise, kill this process, or never return).
+        run.start(
+            start_step,
+            {
                 "world_size": world_size,
-                "start_step": start_step,
-                "pid": os.getpid(),
-                "local_rank": placement.local_rank,
                 "parameters": n_params,
                 "device": placement.device.type,
                 "checkpoint_engine": checkpointer.engine,
-                "nvrx_heartbeats": heartbeats.connected,
-                "inprocess": cfg.inprocess,
                 "nvrx_version": nvrx.NVRX_VERSION,
                 "torch_version": torch.__version__,
             },
@@ -185,8 +138,6 @@ def train(
         metrics = _open_metrics(cfg, rank)
         tokens_per_step = cfg.batch_size * args.seq_len
         for step in range(start_step, cfg.steps):
-            faults.before_step(step)  # may raise, kill this process, or never return
-
             started = time.perf_counter()
             inputs, targets = synthetic_batch(
                 args,
@@ -207,18 +158,18 @@ def train(
             step_s = time.perf_counter() - started
             done = step + 1
 
-            # Liveness, three ways: ft_launcher's rank monitor, the in-process Wrapper, the control plane.
-            heartbeats.beat()
-            iteration.ping()
-            enqueued = time.perf_counter()
-            reporter.heartbeat(rank, done, throughput=tokens_per_step / step_s, loss=loss_value)
-            enqueue_s = time.perf_counter() - enqueued
-
             checkpointer.poll()
             if step == start_step:
                 checkpointer.warm_up(model, optimizer)  # the optimizer's state exists from here on
             if checkpointer.due(done):
                 checkpointer.save(done, model, optimizer)
+
+            # Liveness, three ways: the control plane's heartbeat (through the node agent), ft_launcher's
+            # rank heartbeat, the in-process Wrapper's progress ping. Then a fault due before the next
+            # step fires (may raise, kill this process, or never return).
+            reported = time.perf_counter()
+            run.step(done, loss=loss_value, tokens=tokens_per_step)
+            report_s = time.perf_counter() - reported
 
             if metrics is not None:
                 metrics.write(
@@ -227,7 +178,7 @@ def train(
                             "step": done,
                             "loss": loss_value,
                             "step_s": step_s,
-                            "enqueue_s": enqueue_s,
+                            "report_s": report_s,
                             "t": time.time(),
                         }
                     )
@@ -242,7 +193,6 @@ def train(
                     loss_value,
                     tokens_per_step / step_s,
                 )
-        step = cfg.steps
 
         # The final state is always saved.
         if checkpointer.enabled and checkpointer.last_saved_step != cfg.steps:
@@ -251,8 +201,8 @@ def train(
         checkpointer.close()
         if metrics is not None:
             metrics.close()
-    except BaseException as exc:
-        _report_failure(exc, cfg, reporter, causes, rank, step, iteration)
+    except BaseException:
+        # The SDK reports the failure (`rank_failed`); what is saved from here on is never complete.
         if checkpointer is not None:
             checkpointer.abandon()
         raise
@@ -262,49 +212,12 @@ def train(
         log.info("training finished at step %d", cfg.steps)
 
 
-def _report_failure(
-    exc: BaseException,
-    cfg: Config,
-    reporter: Reporter,
-    causes: nvrx.RestartCauses,
-    rank: int,
-    step: int,
-    iteration: nvrx.Iteration,
-) -> None:
-    """`rank_failed`, before the Wrapper restarts us or the process dies. Ranks that fail because
-    another one did (a collective timed out) say so: `first_to_fail` is true only for the first rank
-    that reported a failure in this iteration, and `first_failure` names it."""
-    if nvrx.is_restart_signal(exc):
-        log.warning("rank %d interrupted for an in-process restart: %s", rank, exc)
-        return
-    cause = f"{type(exc).__name__}: {exc}"
-    first, first_cause = causes.record(iteration.index, rank, cause)
-    log.error("rank %d failed at step %d: %s", rank, step, cause)
-    reporter.event(
-        "rank_failed",
-        rank=rank,
-        step=step,
-        details={
-            "cause": type(exc).__name__,
-            "cause_class": "exception",
-            "rank": rank,
-            "exception": "".join(traceback.format_exception_only(exc)).strip()[:4000],
-            "first_to_fail": first,
-            "first_failure": first_cause,
-            "iteration": iteration.index,
-            "inprocess": cfg.inprocess,
-        },
-    )
-    if not cfg.inprocess:
-        reporter.flush(FAILURE_FLUSH_S)
-
-
-def _scratch_dir(cfg: Config) -> Path | None:
+def _scratch_dir(cfg: Config, job_id: str | None) -> Path | None:
     """Checkpoints without FTPLANE_CHECKPOINT_DIR: a per-job directory on this machine."""
     if cfg.checkpoint_engine == "none":
         return None
     tmp = os.environ.get("TMPDIR") or "/tmp"
-    return Path(tmp) / f"ftplane-{cfg.job_id or 'standalone'}" / "checkpoints"
+    return Path(tmp) / f"ftplane-{job_id or 'standalone'}" / "checkpoints"
 
 
 def _open_metrics(cfg: Config, rank: int) -> IO[str] | None:
@@ -321,4 +234,3 @@ def _setup_logging(rank: int) -> None:
         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,14 +1,24 @@
-"""Fixtures for the trainer: a stand-in control plane over real HTTP, and real ft_launcher jobs.
+"""Fixtures for the trainer: a stand-in control plane over real HTTP, a stand-in node agent, and
+real ft_launcher jobs.
 
-`Receiver` is a threaded HTTP server that speaks the trainer's half of the
-contract (`POST /v1/jobs/{id}/events`, `POST /v1/jobs/{id}/heartbeats`): it
-checks the bearer token, stores events once per idempotency key, records every
-heartbeat, hands out fault directives in heartbeat replies, and can be taken
-down and brought back on the same port to play an outage.
+`Receiver` is a threaded HTTP server that speaks the node's half of the contract: the node
+agent's batched `POST /v1/jobs/{id}/reports` (the node's liveness, the ranks' heartbeats and
+events; the reply carries fault directives), and the older per-kind `POST .../events` and
+`POST .../heartbeats`. It checks the bearer token, stores events once per idempotency key,
+records every heartbeat, and can be taken down and brought back on the same port to play an
+outage.
+
+`AgentStandIn` is the part of the node agent that the ranks see: it binds the Unix datagram
+socket the SDK reports to (`FTPLANE_AGENT_SOCKET`), checks every message with the agent's own
+protocol (trainer/agent/protocol.py), stores heartbeats and events in the Receiver as the agent
+would report them, and hands the Receiver's fault directives to each rank's reply socket. The
+end-to-end tests run the trainer under it until the node agent itself is in the tree: then they
+run `python -m trainer.agent -- <ft_launcher command>` against the Receiver instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from trainer.agent import protocol
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -49,6 +62,7 @@ class Receiver:
     event_order: list[str] = field(default_factory=list)  # keys in arrival order
     duplicates: int = 0
     heartbeats: list[dict[str, Any]] = field(default_factory=list)  # with "received" (monotonic)
+    reports: list[dict[str, Any]] = field(default_factory=list)  # node reports' `agent` part, with "node"
     requests: list[tuple[str, int]] = field(default_factory=list)  # (path, status answered)
     faults: list[dict[str, Any]] = field(default_factory=list)  # directives returned in heartbeat replies
     fail_with: list[int] = field(default_factory=list)  # statuses to answer next, one per request
@@ -101,29 +115,24 @@ class Receiver:
                     events = body.get("events") or []
                     if not 1 <= len(events) <= 1000:
                         return self._answer(422, {"detail": "1..1000 events"})
-                    stored = dupes = 0
-                    with receiver.lock:
-                        for event in events:
-                            if event["key"] in receiver.events:
-                                dupes += 1
-                                receiver.duplicates += 1
-                            else:
-                                receiver.events[event["key"]] = dict(event, received=time.monotonic())
-                                receiver.event_order.append(event["key"])
-                                stored += 1
-                    with receiver.lock:
-                        lose = receiver.lose_replies > 0
-                        receiver.lose_replies -= 1 if lose else 0
-                    if lose:
+                    stored, dupes = receiver.store_events(events)
+                    if receiver.lose_reply():
                         return self._answer(503, {"detail": "stored, but the reply is lost"})
                     return self._answer(200, {"stored": stored, "duplicates": dupes})
                 if what == "heartbeats":
                     beats = body.get("heartbeats") or []
+                    receiver.store_heartbeats(beats, body.get("attempt"))
+                    return self._answer(200, {"accepted": len(beats), "faults": receiver.faults_for(beats)})
+                if what == "reports":
+                    events, beats = body.get("events") or [], body.get("heartbeats") or []
+                    stored, dupes = receiver.store_events(events)
+                    receiver.store_heartbeats(beats, body.get("attempt"))
                     with receiver.lock:
-                        now = time.monotonic()
-                        receiver.heartbeats.extend(dict(b, attempt=body.get("attempt"), received=now) for b in beats)
-                        faults = list(receiver.faults)
-                    return self._answer(200, {"accepted": len(beats), "faults": faults})
+                        receiver.reports.append(dict(body.get("agent") or {}, node=body.get("node")))
+                    if events and receiver.lose_reply():
+                        return self._answer(503, {"detail": "stored, but the reply is lost"})
+                    reply = {"stored": stored, "duplicates": dupes, "accepted": len(beats), "faults": receiver.faults}
+                    return self._answer(200, reply)
                 return self._answer(404, {"detail": "no such route"})
 
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
@@ -138,6 +147,39 @@ class Receiver:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    # --- storing, as the control plane would ---
+
+    def store_events(self, events: list[dict[str, Any]]) -> tuple[int, int]:
+        """Store each event once per key (the first copy wins); returns (stored, duplicates)."""
+        stored = dupes = 0
+        with self.lock:
+            for event in events:
+                if event["key"] in self.events:
+                    dupes += 1
+                    self.duplicates += 1
+                else:
+                    self.events[event["key"]] = dict(event, received=time.monotonic())
+                    self.event_order.append(event["key"])
+                    stored += 1
+        return stored, dupes
+
+    def store_heartbeats(self, beats: list[dict[str, Any]], attempt: int | None) -> None:
+        with self.lock:
+            now = time.monotonic()
+            self.heartbeats.extend(dict(b, attempt=attempt, received=now) for b in beats)
+
+    def faults_for(self, beats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The directives for the ranks that reported (asked again in every reply until the test drops them)."""
+        ranks = {b.get("rank") for b in beats}
+        with self.lock:
+            return [f for f in self.faults if f.get("rank") in ranks]
+
+    def lose_reply(self) -> bool:
+        with self.lock:
+            lose = self.lose_replies > 0
+            self.lose_replies -= 1 if lose else 0
+        return lose
 
     # --- queries ---
 
@@ -162,10 +204,84 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
     r.stop()
 
 
+@dataclass
+class AgentStandIn:
+    """The node agent as the ranks see it: a datagram socket that takes their messages (each checked
+    with the agent's protocol), stores them in the Receiver as the agent reports them, and answers a
+    rank's heartbeat with the Receiver's fault directives for that rank."""
+
+    receiver: Receiver
+    node: str = "node-a"
+    attempt: int = 0
+    directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ftplane-agent-")))
+    refused: list[str] = field(default_factory=list)  # why messages were refused
+    excluded: list[dict[str, Any]] = field(default_factory=list)  # exclude_node requests
+    _sock: socket.socket | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "agent.sock"
+
+    def start(self) -> AgentStandIn:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(self.path))
+        sock.settimeout(0.2)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._run, args=(sock,), name="agent-stand-in", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """The agent goes away: its socket is gone until `start()`."""
+        sock, self._sock = self._sock, None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if sock is not None:
+            sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def _run(self, sock: socket.socket) -> None:
+        out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        while self._sock is sock:
+            try:
+                data = sock.recv(protocol.MAX_MESSAGE_BYTES + 1)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                message = protocol.parse(data)
+            except protocol.BadMessage as exc:
+                self.refused.append(str(exc))
+                continue
+            if isinstance(message, protocol.Heartbeat):
+                beat = message.for_control_plane(self.node)
+                self.receiver.store_heartbeats([beat], self.attempt)
+                faults = self.receiver.faults_for([beat])
+                if faults and message.reply_to:
+                    with contextlib.suppress(OSError):
+                        out.sendto(protocol.encode({"type": "faults", "faults": faults}), message.reply_to)
+            elif isinstance(message, protocol.RankEvent):
+                self.receiver.store_events([dict(message.event, node=self.node)])
+            else:
+                self.excluded.append({"rank": message.rank, "reason": message.reason})
+        out.close()
+
+
+@pytest.fixture
+def agent(receiver: Receiver) -> Iterator[AgentStandIn]:
+    a = AgentStandIn(receiver).start()
+    yield a
+    a.stop()
+    shutil.rmtree(a.directory, ignore_errors=True)
+
+
 def trainer_env(
-    receiver: Receiver | None, checkpoint_dir: Path | None, *, extra: dict[str, str] | None = None
+    agent: AgentStandIn | None, checkpoint_dir: Path | None, *, extra: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """The environment a control-plane backend gives the trainer."""
+    """The environment a rank gets from the backend and its node agent (no agent: reporting is off)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTPLANE_", "TORCHELASTIC_", "MASTER_"))}
     env.update(
         {
@@ -181,8 +297,15 @@ def trainer_env(
             "FTPLANE_FAULTS": "[]",
         }
     )
-    if receiver is not None:
-        env.update({"FTPLANE_URL": receiver.url, "FTPLANE_JOB_ID": receiver.job_id, "FTPLANE_TOKEN": receiver.token})
+    if agent is not None:
+        env.update(
+            {
+                "FTPLANE_URL": agent.receiver.url,
+                "FTPLANE_JOB_ID": agent.receiver.job_id,
+                "FTPLANE_NODE_NAME": agent.node,
+                protocol.SOCKET_ENV: str(agent.path),
+            }
+        )
     if checkpoint_dir is not None:
         env["FTPLANE_CHECKPOINT_DIR"] = str(checkpoint_dir)
     env.update(extra or {})

@@ -7,13 +7,19 @@ import json
 
 import pytest
 
-from trainer.config import MODEL_PRESETS, ConfigError, FaultSpec, parse_config, parse_faults
+from trainer.config import MODEL_PRESETS, ConfigError, parse_config
 
 
 def test_defaults_run_standalone() -> None:
     cfg = parse_config([], {})
-    assert (cfg.model, cfg.checkpoint_engine, cfg.inprocess, cfg.url, cfg.token) == ("tiny", "sync", False, None, None)
+    assert (cfg.model, cfg.checkpoint_engine, cfg.inprocess, cfg.checkpoint_dir) == ("tiny", "sync", False, None)
     assert cfg.model_args == MODEL_PRESETS["tiny"]
+
+
+def test_what_says_who_reports_is_the_sdks_to_read() -> None:
+    """Job, attempt, agent socket and faults are read by trainer/sdk; the token reaches no rank."""
+    fields = {f for f in vars(parse_config([], {}))}
+    assert not fields & {"url", "token", "job_id", "attempt", "faults", "report_interval_s"}
 
 
 def test_control_plane_environment_is_read() -> None:
@@ -34,27 +40,23 @@ def test_control_plane_environment_is_read() -> None:
         "FTPLANE_MASTER_ADDR": "10.0.0.5",
     }
     cfg = parse_config([], env)
-    assert (cfg.url, cfg.job_id, cfg.attempt, cfg.token) == ("http://cp:8000", "j-1", 2, "s3cret")
     assert (cfg.checkpoint_engine, cfg.checkpoint_interval, cfg.checkpoint_keep) == ("async", 50, 3)
     assert cfg.checkpoint_dir == "/ckpt/j-1" and cfg.master_addr == "10.0.0.5"
     assert cfg.inprocess is True
     assert (cfg.inprocess_soft_timeout_s, cfg.inprocess_hard_timeout_s, cfg.inprocess_max_iterations) == (20, 30.5, 4)
-    assert cfg.faults == [FaultSpec("hang", 3, 7)]
     assert "s3cret" not in repr(cfg)
 
 
 def test_flags_override_the_environment() -> None:
     env = {"FTPLANE_CHECKPOINT_ENGINE": "async", "FTPLANE_INPROCESS": "1", "FTPLANE_CHECKPOINT_INTERVAL": "50"}
-    cfg = parse_config(
-        ["--checkpoint-engine", "none", "--inprocess", "0", "--steps", "7", "--faults", "[]", "--model", "small"], env
-    )
-    assert (cfg.checkpoint_engine, cfg.inprocess, cfg.steps, cfg.faults) == ("none", False, 7, [])
+    cfg = parse_config(["--checkpoint-engine", "none", "--inprocess", "0", "--steps", "7", "--model", "small"], env)
+    assert (cfg.checkpoint_engine, cfg.inprocess, cfg.steps) == ("none", False, 7)
     assert cfg.checkpoint_interval == 50 and cfg.model == "small"
 
 
 def test_empty_variables_mean_unset() -> None:
-    cfg = parse_config([], {"FTPLANE_CHECKPOINT_DIR": "", "FTPLANE_FAULTS": ""})
-    assert cfg.checkpoint_dir is None and cfg.faults == []
+    cfg = parse_config([], {"FTPLANE_CHECKPOINT_DIR": "", "FTPLANE_COLLECTIVE_TIMEOUT_S": ""})
+    assert cfg.checkpoint_dir is None and cfg.collective_timeout_s is None
 
 
 @pytest.mark.parametrize(
@@ -65,11 +67,6 @@ def test_empty_variables_mean_unset() -> None:
         ({"FTPLANE_CHECKPOINT_KEEP": "0"}, "checkpoint_keep"),
         ({"FTPLANE_INPROCESS": "maybe"}, "FTPLANE_INPROCESS"),
         ({"FTPLANE_INPROCESS_SOFT_TIMEOUT_S": "90"}, "less than inprocess_hard_timeout_s"),
-        ({"FTPLANE_FAULTS": "{not json"}, "not valid JSON"),
-        ({"FTPLANE_FAULTS": json.dumps({"kind": "crash"})}, "expected a JSON list"),
-        ({"FTPLANE_FAULTS": json.dumps([{"kind": "meteor", "rank": 0, "at_step": 1}])}, "faults[0].kind"),
-        ({"FTPLANE_FAULTS": json.dumps([{"kind": "crash", "rank": -1, "at_step": 1}])}, "faults[0].rank"),
-        ({"FTPLANE_FAULTS": json.dumps([{"kind": "crash", "rank": 0, "at_step": 1, "x": 1}])}, "unknown key(s) x"),
     ],
 )
 def test_invalid_settings_say_what_is_wrong(env: dict[str, str], message: str) -> None:
@@ -87,8 +84,3 @@ def test_bad_flag_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_model_is_refused() -> None:
     with pytest.raises(ConfigError, match="model: 'huge' is not one of tiny, small, medium, large"):
         parse_config(["--model", "huge"], {})
-
-
-def test_parse_faults_accepts_lists() -> None:
-    assert parse_faults([{"kind": "exception", "rank": 1, "at_step": 0}]) == [FaultSpec("exception", 1, 0)]
-    assert parse_faults(None) == []

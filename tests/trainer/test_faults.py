@@ -17,11 +17,20 @@ import pytest
 
 from tests.support.waiting import wait_for
 from tests.trainer.conftest import REPO
-from trainer.config import FaultSpec
-from trainer.faults import FaultInjector, InjectedFault, hang_forever, marker_dir
+from trainer.faults import (
+    FaultInjector,
+    FaultSpec,
+    FaultSpecError,
+    InjectedFault,
+    hang_forever,
+    marker_dir,
+    parse_faults,
+)
 
 
 class FakeReporter:
+    """An EventSink that keeps what it is given."""
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
 
@@ -120,11 +129,14 @@ def _child(tmp_path: Path, kind: str) -> subprocess.Popen:
     code = textwrap.dedent(
         f"""
         from pathlib import Path
-        from trainer.config import FaultSpec
-        from trainer.faults import FaultInjector
-        from trainer.reporter import Reporter
+        from trainer.faults import FaultInjector, FaultSpec
+        class Sink:
+            def event(self, type, details=None, **kwargs):
+                return "k"
+            def flush(self, timeout):
+                return True
         inj = FaultInjector([FaultSpec({kind!r}, 0, 2)], rank=0, job_id="j", markers=Path({str(tmp_path)!r}),
-                            reporter=Reporter(None, None, 0, None))
+                            reporter=Sink())
         for step in range(5):
             inj.before_step(step)
             print("step", step, flush=True)
@@ -192,3 +204,27 @@ def _inside(thread: threading.Thread, function: Any) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def test_parse_faults_reads_what_the_control_plane_writes() -> None:
+    text = json.dumps([{"kind": "hang", "rank": 3, "at_step": 7}, {"kind": "crash", "rank": 0, "at_step": 0}])
+    assert parse_faults(text) == [FaultSpec("hang", 3, 7), FaultSpec("crash", 0, 0)]
+    assert parse_faults([{"kind": "exception", "rank": 1, "at_step": 0}]) == [FaultSpec("exception", 1, 0)]
+    assert parse_faults(None) == parse_faults("") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"kind": "crash"}), "expected a JSON list"),
+        (json.dumps([{"kind": "meteor", "rank": 0, "at_step": 1}]), "faults[0].kind: 'meteor' is not one of"),
+        (json.dumps([{"kind": "crash", "rank": -1, "at_step": 1}]), "faults[0].rank: expected an integer >= 0"),
+        (json.dumps([{"kind": "crash", "rank": 0, "at_step": True}]), "faults[0].at_step"),
+        (json.dumps([{"kind": "crash", "rank": 0, "at_step": 1, "x": 1}]), "faults[0]: unknown key(s) x"),
+    ],
+)
+def test_bad_faults_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(FaultSpecError) as exc:
+        parse_faults(text)
+    assert message in str(exc.value)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,24 +15,18 @@ from nvidia_resiliency_ext.inprocess import param_utils
 from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignmentCtx, RankDiscarded
 from nvidia_resiliency_ext.inprocess.state import State
 
+from tests.support.waiting import wait_for
 from tests.trainer.conftest import free_port
 from trainer import nvrx
-from trainer.config import parse_config
-from trainer.distributed import Placement
 
-
-def placement(port: int = 29500) -> Placement:
-    return Placement(
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        master_addr="10.1.2.3",
-        master_port=port,
-        restart_count=0,
-        device=torch.device("cpu"),
-        backend="gloo",
-        collective_timeout_s=10,
-    )
+WRAPPER_OPTIONS = {
+    "store_host": "10.1.2.3",
+    "store_port": 29501,
+    "soft_timeout_s": 60.0,
+    "hard_timeout_s": 90.0,
+    "max_iterations": 3,
+    "cuda": False,
+}
 
 
 class FailingGpuCheck(inprocess.health_check.HealthCheck):
@@ -49,19 +45,17 @@ def test_newer_nvrx_gpu_health_checks_are_replaced_on_cpu(monkeypatch: pytest.Mo
             built.append(self)
 
     monkeypatch.setattr(nvrx.inprocess, "Wrapper", NewerWrapper)
-    cfg = parse_config(["--inprocess", "1", "--inprocess-max-iterations", "3"], {})
-    nvrx.wrap_inprocess(lambda iteration: None, cfg, placement())
+    nvrx.wrap_inprocess(lambda iteration: None, **WRAPPER_OPTIONS)  # type: ignore[arg-type]
     [wrapper] = built
     assert isinstance(wrapper.restart_health_check, nvrx.RestartBudget)
     assert wrapper.restart_health_check.max_iterations == 3
-    # Its own store: explicit host (not MASTER_ADDR) and a port of its own next to the process group's.
+    # Its own store: an explicit host (not MASTER_ADDR) and a port of its own.
     assert wrapper.store_kwargs == {"host_name": "10.1.2.3", "port": 29501}
     assert wrapper.soft_timeout == datetime.timedelta(seconds=60)
 
 
 def test_the_wrapped_function_receives_the_call_wrapper() -> None:
-    cfg = parse_config(["--inprocess", "1"], {})
-    run = nvrx.wrap_inprocess(lambda iteration: None, cfg, placement())
+    run = nvrx.wrap_inprocess(lambda iteration: None, **WRAPPER_OPTIONS)  # type: ignore[arg-type]
     sentinel = object.__new__(inprocess.CallWrapper)
     args, kwargs = param_utils.substitute_param_value(run.__wrapped__, (), {}, {inprocess.CallWrapper: sentinel})
     assert sentinel in (*args, *kwargs.values())
@@ -143,3 +137,63 @@ def test_the_async_writers_results_queue_is_started_off_the_training_thread() ->
     assert filesystem_async._results_queue is not None
     filesystem_async._results_queue.put("ping")
     assert filesystem_async._results_queue.get(timeout=10) == "ping"
+
+
+def test_in_process_restart_is_available_in_this_nvrx(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert nvrx.inprocess_available()
+    monkeypatch.delattr(nvrx.inprocess, "Wrapper")
+    assert not nvrx.inprocess_available()
+    monkeypatch.setattr(nvrx, "inprocess", None)
+    assert not nvrx.inprocess_available()
+
+
+class CountingClient(nvrx.HeartbeatClient):
+    """A HeartbeatClient that counts instead of talking to a rank monitor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enabled = True
+        self.connects: list[int] = []
+        self.beats = 0
+        self.closed = False
+        self.threads: set[str] = set()
+
+    def connect(self) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.connects.append(self.beats)
+
+    def beat(self) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.beats += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_progress_heartbeats_are_sent_off_the_loop_and_only_after_progress() -> None:
+    client = CountingClient()
+    beats = nvrx.ProgressHeartbeats(interval_s=0.02, client=client)
+    wait_for("the first connect", lambda: client.connects, 5, interval=0.01)
+    time.sleep(0.1)
+    assert client.beats == 0  # no step yet: the launcher's initial timeout runs
+    for _ in range(1000):
+        beats.progress()  # a thousand steps within an interval or two: one or two heartbeats
+    wait_for("a heartbeat", lambda: client.beats, 5, interval=0.01)
+    time.sleep(0.1)
+    assert 1 <= client.beats <= 3
+    sent = client.beats
+    time.sleep(0.1)
+    assert client.beats == sent  # a loop that stopped goes silent: how the launcher sees a hang
+    beats.reconnect()  # a new in-process iteration
+    wait_for("the reconnect", lambda: len(client.connects) == 2, 5, interval=0.01)
+    beats.close()
+    assert client.closed and client.threads == {"ftplane-nvrx-heartbeats"}
+
+
+def test_progress_heartbeats_do_nothing_outside_ft_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(nvrx.FT_RANK_MONITOR_ENV, raising=False)
+    beats = nvrx.ProgressHeartbeats()
+    beats.progress()
+    beats.reconnect()
+    beats.close()
+    assert not beats.enabled and beats._thread is None

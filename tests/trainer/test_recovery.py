@@ -1,10 +1,13 @@
-"""End to end: real ft_launcher, two CPU ranks over gloo, a stand-in control plane over HTTP.
+"""End to end: real ft_launcher, two CPU ranks over gloo, reporting through the SDK to a node agent
+(the stand-in of conftest.py) and on to a stand-in control plane.
 
 Each test injects one kind of fault and checks that the rung of the recovery
 ladder it is meant to exercise fired (from the events the trainer reported and
 the worker PIDs), that training resumed from a checkpoint at a step > 0, and
 that the final model and optimizer state equal those of an uninterrupted run
 (read back from the checkpoints on disk), i.e. the resumed run lost nothing.
+An in-job restart shows in the `running` events of the new workers (restart_count
+1); the `injob_restart` event with its cause is the node agent's to report.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.support.waiting import wait_for
-from tests.trainer.conftest import Job, Receiver, launcher_command, trainer_env
+from tests.trainer.conftest import AgentStandIn, Job, Receiver, launcher_command, trainer_env
 from trainer.checkpoint import COMPLETE_MARKER, latest_complete, list_checkpoints, step_dir
 
 pytestmark = pytest.mark.slow
@@ -61,7 +64,7 @@ def assert_same_state(actual: dict[str, torch.Tensor], expected: dict[str, torch
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The final state of an uninterrupted 2-rank run (no control plane: the reporter is a no-op)."""
+    """The final state of an uninterrupted 2-rank run (no node agent: the SDK's reports are no-ops)."""
     work = tmp_path_factory.mktemp("reference")
     env = trainer_env(None, work / "ckpt", extra={"FTPLANE_JOB_ID": "reference"})
     result = subprocess.run(
@@ -86,11 +89,15 @@ def running_by(receiver: Receiver) -> dict[tuple[int, int, int], dict]:
 
 
 def test_exception_is_recovered_in_process(
-    receiver: Receiver, launch: Callable[..., Job], tmp_path: Path, reference: dict[str, torch.Tensor]
+    receiver: Receiver,
+    agent: AgentStandIn,
+    launch: Callable[..., Job],
+    tmp_path: Path,
+    reference: dict[str, torch.Tensor],
 ) -> None:
     ckpt = tmp_path / "ckpt"
     env = trainer_env(
-        receiver,
+        agent,
         ckpt,
         extra={
             "FTPLANE_INPROCESS": "1",
@@ -112,7 +119,8 @@ def test_exception_is_recovered_in_process(
     assert not receiver.of_type("injob_restart")
 
     failed = {e["rank"]: e for e in receiver.of_type("rank_failed")}
-    assert failed[1]["details"]["first_to_fail"] is True and failed[1]["details"]["cause"] == "InjectedFault"
+    assert failed[1]["details"]["first_to_fail"] is True and failed[1]["details"]["exception_type"] == "InjectedFault"
+    assert failed[1]["details"]["cause_class"] == "exception" and failed[1]["details"]["inprocess"] is True
 
     # Same processes, re-entered: same PID per rank in iterations 0 and 1, resumed from step 10.
     running = running_by(receiver)
@@ -128,12 +136,16 @@ def test_exception_is_recovered_in_process(
 
 
 def test_crash_triggers_in_job_restart(
-    receiver: Receiver, launch: Callable[..., Job], tmp_path: Path, reference: dict[str, torch.Tensor]
+    receiver: Receiver,
+    agent: AgentStandIn,
+    launch: Callable[..., Job],
+    tmp_path: Path,
+    reference: dict[str, torch.Tensor],
 ) -> None:
     """Also the async engine end to end: saves in the background, complete ones resumed from."""
     ckpt = tmp_path / "ckpt"
     env = trainer_env(
-        receiver,
+        agent,
         ckpt,
         extra={
             "FTPLANE_CHECKPOINT_ENGINE": "async",
@@ -146,8 +158,6 @@ def test_crash_triggers_in_job_restart(
     [fault] = receiver.of_type("fault_injected")  # reported before the SIGKILL, fired once
     assert (fault["rank"], fault["step"], fault["details"]["kind"]) == (1, 12, "crash")
 
-    [restart] = receiver.of_type("injob_restart")  # one, although every node's local rank 0 may send it
-    assert restart["details"]["restart_count"] == 1
     assert not receiver.of_type("inprocess_restart")
 
     # New worker processes, resumed from the newest complete checkpoint: step 10, unless its
@@ -169,12 +179,16 @@ def test_crash_triggers_in_job_restart(
 
 
 def test_hang_is_detected_by_ft_launcher_heartbeat_timeout(
-    receiver: Receiver, launch: Callable[..., Job], tmp_path: Path, reference: dict[str, torch.Tensor]
+    receiver: Receiver,
+    agent: AgentStandIn,
+    launch: Callable[..., Job],
+    tmp_path: Path,
+    reference: dict[str, torch.Tensor],
 ) -> None:
     ckpt = tmp_path / "ckpt"
     heartbeat_timeout, collective_timeout = 4.0, 90.0
     env = trainer_env(
-        receiver,
+        agent,
         ckpt,
         extra={
             # The peer blocked in a collective would only give up after 90 s: a restart well before
@@ -188,16 +202,16 @@ def test_hang_is_detected_by_ft_launcher_heartbeat_timeout(
 
     [fault] = receiver.of_type("fault_injected")
     assert (fault["rank"], fault["step"], fault["details"]["kind"]) == (1, 12, "hang")
-    [restart] = receiver.of_type("injob_restart")
     running = running_by(receiver)
     assert running[(1, 0, 1)]["details"]["pid"] != running[(0, 0, 1)]["details"]["pid"]
     assert running[(1, 0, 1)]["details"]["start_step"] == 10
 
     # Detection time: the hang is reported, then silence, then the restarted workers report.
-    detected_after = restart["received"] - fault["received"]
+    restarted = min(e["received"] for key, e in running.items() if key[0] == 1)
+    detected_after = restarted - fault["received"]
     assert heartbeat_timeout - 0.5 <= detected_after < collective_timeout / 2, detected_after
     with receiver.lock:
-        silent = [b for b in receiver.heartbeats if fault["received"] < b["received"] < restart["received"]]
+        silent = [b for b in receiver.heartbeats if fault["received"] < b["received"] < restarted]
     assert not [b for b in silent if b["rank"] == 1 and b["step"] > 12], "the hung rank kept beating"
 
     final = latest_complete(checkpoints_root(ckpt))
@@ -206,13 +220,17 @@ def test_hang_is_detected_by_ft_launcher_heartbeat_timeout(
 
 
 def test_torn_checkpoint_is_never_loaded(
-    receiver: Receiver, launch: Callable[..., Job], tmp_path: Path, reference: dict[str, torch.Tensor]
+    receiver: Receiver,
+    agent: AgentStandIn,
+    launch: Callable[..., Job],
+    tmp_path: Path,
+    reference: dict[str, torch.Tensor],
 ) -> None:
     ckpt = tmp_path / "ckpt"
     root = checkpoints_root(ckpt)
     first = launch(
         launcher_command(["--model", "tiny", "--steps", "15"], max_restarts=0),
-        trainer_env(receiver, ckpt),
+        trainer_env(agent, ckpt),
         name="first",
     )
     assert first.wait(JOB_TIMEOUT_S) == 0, first.tail()
@@ -229,7 +247,7 @@ def test_torn_checkpoint_is_never_loaded(
     (unfinished / ".metadata").unlink()
     assert latest_complete(root).step == 15
 
-    second = launch(launcher_command(TRAINER_ARGS, max_restarts=0), trainer_env(receiver, ckpt), name="second")
+    second = launch(launcher_command(TRAINER_ARGS, max_restarts=0), trainer_env(agent, ckpt), name="second")
     assert second.wait(JOB_TIMEOUT_S) == 0, second.tail()
     assert [e["step"] for e in receiver.of_type("checkpoint_loaded")] == [15]
     assert {e["details"]["start_step"] for e in receiver.of_type("running")} == {0, 15}
@@ -243,7 +261,7 @@ def test_torn_checkpoint_is_never_loaded(
 
 
 def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
-    receiver: Receiver, launch: Callable[..., Job], tmp_path: Path
+    receiver: Receiver, agent: AgentStandIn, launch: Callable[..., Job], tmp_path: Path
 ) -> None:
     """One in-process restart allowed, one in-job restart allowed, three faults: the first is
     recovered in process, the second in job, the third ends the launcher with a non-zero exit."""
@@ -253,7 +271,7 @@ def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
         {"kind": "crash", "rank": 1, "at_step": 12},
     ]
     env = trainer_env(
-        receiver,
+        agent,
         tmp_path / "ckpt",
         extra={
             "FTPLANE_FAULTS": json.dumps(faults),
@@ -267,8 +285,7 @@ def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
     assert rc != 0, job.tail()
     assert [(e["rank"], e["step"]) for e in receiver.of_type("fault_injected")] == [(1, 6), (0, 9), (1, 12)]
     [inprocess] = receiver.of_type("inprocess_restart")
-    [injob] = receiver.of_type("injob_restart")
-    assert inprocess["details"]["iteration"] == 1 and injob["details"]["restart_count"] == 1
+    assert inprocess["details"]["iteration"] == 1
     running = running_by(receiver)
     assert set(running) == {(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1)}
     assert running[(0, 1, 1)]["details"]["pid"] == running[(0, 0, 1)]["details"]["pid"]  # in process
@@ -278,10 +295,14 @@ def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
 
 
 def test_control_plane_fault_directive_fires_once(
-    receiver: Receiver, launch: Callable[..., Job], tmp_path: Path, reference: dict[str, torch.Tensor]
+    receiver: Receiver,
+    agent: AgentStandIn,
+    launch: Callable[..., Job],
+    tmp_path: Path,
+    reference: dict[str, torch.Tensor],
 ) -> None:
     env = trainer_env(
-        receiver,
+        agent,
         tmp_path / "ckpt",
         extra={"FTPLANE_INPROCESS": "1", "FTPLANE_COLLECTIVE_TIMEOUT_S": "5"},
     )

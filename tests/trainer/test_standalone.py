@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import REPO, Receiver, trainer_env
+from tests.trainer.conftest import REPO, AgentStandIn, Receiver, trainer_env
 from trainer.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -30,13 +30,16 @@ def test_runs_standalone_with_no_environment(tmp_path: Path) -> None:
     assert "training finished at step 12" in result.stderr
 
 
-def test_an_unrecovered_fault_exits_non_zero_after_reporting(receiver: Receiver, tmp_path: Path) -> None:
+def test_an_unrecovered_fault_exits_non_zero_after_reporting(
+    receiver: Receiver, agent: AgentStandIn, tmp_path: Path
+) -> None:
     faults = json.dumps([{"kind": "exception", "rank": 0, "at_step": 3}])
-    env = trainer_env(receiver, tmp_path / "ckpt", extra={"FTPLANE_FAULTS": faults})
+    env = trainer_env(agent, tmp_path / "ckpt", extra={"FTPLANE_FAULTS": faults})
     result = run(["--model", "tiny", "--steps", "10"], env, tmp_path)
     assert result.returncode == 1
     assert receiver.types() == ["running", "fault_injected", "rank_failed"]
     [failed] = receiver.of_type("rank_failed")
-    assert failed["step"] == 3 and failed["details"]["cause"] == "InjectedFault"
-    assert "injected fault spec-0" in failed["details"]["exception"]
-    assert receiver.token not in result.stdout + result.stderr
+    assert failed["step"] == 3 and failed["details"]["exception_type"] == "InjectedFault"
+    assert failed["details"]["cause"] == "InjectedFault: injected fault spec-0: exception on rank 0 at step 3"
+    assert failed["details"]["cause_class"] == "exception" and failed["details"]["rank"] == 0
+    assert receiver.max_step(0) == 3 and not agent.refused
