@@ -121,6 +121,7 @@ class LauncherOutput:
     """Feed it the launcher's output line by line; it returns the facts each line gives."""
 
     rank_of_pid: dict[int, int] = field(default_factory=dict)  # kept up to date by the agent
+    rank_of_local: dict[int, int] = field(default_factory=dict)  # the newest seen: a rank that died young
     round: int = 0
     failures: list[RankExit] = field(default_factory=list)  # this round's
     _silent: dict[int, float] = field(default_factory=dict)  # this round's: rank -> the timeout that elapsed
@@ -154,7 +155,7 @@ class LauncherOutput:
         if pid in self._seen_pids:
             return []
         self._seen_pids.add(pid)
-        rank = self.rank_of_pid.get(pid)
+        rank = self.rank_of_pid.get(pid, self.rank_of_local.get(local_rank))
         # the monitor names the rank it serves: the global rank where known, else the local one
         silent = self._silent.get(rank if rank is not None else local_rank) if code < 0 else None
         failure = RankExit(local_rank, pid, code, rank=rank, silent_s=silent)

@@ -137,6 +137,7 @@ class NodeAgent:
         self.launcher: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
         self._log: IO[bytes] | None = None
+        self._known: dict[tuple[int, int], RankProcess | None] = {}  # what each process under the launcher is
 
     # ---- running ----
 
@@ -151,7 +152,7 @@ class NodeAgent:
             while True:
                 code = self.launcher.poll()
                 self._observe()
-                if code is not None or self._stop.wait(self.config.interval_s / 2):
+                if code is not None or self._stop.wait(self.config.interval_s):
                     break
             code = self._wait_for_launcher()
             reader.join(timeout=5.0)
@@ -229,11 +230,12 @@ class NodeAgent:
         """Refresh the rank process table, read GPU health, and queue the node's liveness."""
         if self.launcher is None:
             return
-        seen = rank_processes(self.launcher.pid) if self.launcher.poll() is None else []
+        seen = rank_processes(self.launcher.pid, self._known) if self.launcher.poll() is None else []
         with self.lock:
             for process in seen:
                 self.state.ranks[process.rank] = process
                 self.output.rank_of_pid[process.pid] = process.rank
+                self.output.rank_of_local[process.local_rank] = process.rank
         devices = self.gpus.read()
         reason = self.gpus.unhealthy_reason(devices)
         if reason is not None:

@@ -39,7 +39,38 @@ def parent_of(pid: int) -> int | None:
     return int(fields[1]) if fields is not None else None
 
 
+def children_of(pid: int) -> list[int] | None:
+    """The pid's children from the kernel's own list (no scan of /proc); None where the kernel keeps no list."""
+    found: list[int] = []
+    try:
+        tasks = list((PROC / str(pid) / "task").iterdir())
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    for task in tasks:
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            return None
+        except (ProcessLookupError, PermissionError, ValueError):
+            continue
+    return found
+
+
 def descendants(pid: int) -> list[int]:
+    """Every process under `pid`: by the kernel's child lists where there are some, else one scan of /proc."""
+    direct = children_of(pid)
+    if direct is not None:
+        found: list[int] = []
+        stack = list(direct)
+        while stack:
+            child = stack.pop()
+            found.append(child)
+            stack.extend(children_of(child) or [])
+        return found
+    return _descendants_by_scan(pid)
+
+
+def _descendants_by_scan(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
@@ -74,29 +105,39 @@ class RankProcess:
     restart_count: int
 
 
-def rank_processes(launcher_pid: int) -> list[RankProcess]:
-    """The rank processes under the launcher now, by global rank."""
-    tree = descendants(launcher_pid)
-    environs = {pid: environ_of(pid) for pid in tree}
-    with_rank = {pid for pid, env in environs.items() if "RANK" in env}
-    found = []
-    for pid in sorted(with_rank):
-        if parent_of(pid) in with_rank:
-            continue
-        env = environs[pid]
+def rank_processes(
+    launcher_pid: int, known: dict[tuple[int, int], RankProcess | None] | None = None
+) -> list[RankProcess]:
+    """The rank processes under the launcher now, by global rank. `known` caches what each (pid, start time)
+    was found to be, so a process's environment is read once, not on every call."""
+    cache: dict[tuple[int, int], RankProcess | None] = {} if known is None else known
+    seen: dict[int, RankProcess | None] = {}
+    for pid in descendants(launcher_pid):
         started = process_start_time(pid)
         if started is None:
             continue
-        try:
-            found.append(
-                RankProcess(
-                    rank=int(env["RANK"]),
-                    local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
-                    pid=pid,
-                    start_time=started,
-                    restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
-                )
-            )
-        except ValueError:
-            continue
+        key = (pid, started)
+        if key not in cache:
+            cache[key] = _as_rank(pid, started)
+        seen[pid] = cache[key]
+    with_rank = {pid for pid, process in seen.items() if process is not None}
+    found = [p for pid, p in seen.items() if p is not None and parent_of(pid) not in with_rank]
+    for key in [k for k in cache if k[0] not in seen]:  # ended processes
+        del cache[key]
     return sorted(found, key=lambda p: p.rank)
+
+
+def _as_rank(pid: int, started: int) -> RankProcess | None:
+    env = environ_of(pid)
+    if "RANK" not in env:
+        return None
+    try:
+        return RankProcess(
+            rank=int(env["RANK"]),
+            local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+            pid=pid,
+            start_time=started,
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        )
+    except ValueError:
+        return None
