@@ -248,7 +248,9 @@ class JobSpec(StrictModel):
             if name in self.env and name in self.secret_env:
                 raise ValueError(f"secret_env.{name}: also in env; give each variable once")
         if self.backend != "kubernetes" and (only := kubernetes_only_fields(self)):
-            raise ValueError(f"{', '.join(only)}: only the kubernetes backend can honour this (backend is {self.backend})")
+            raise ValueError(
+                f"{', '.join(only)}: only the kubernetes backend can honour this (backend is {self.backend})"
+            )
         if self.nodes + self.resiliency.spare_nodes > 4096:
             raise ValueError("nodes + resiliency.spare_nodes must be at most 4096")
         for i, fault in enumerate(self.faults):

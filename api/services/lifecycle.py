@@ -445,7 +445,11 @@ def _restart(
                 "restart": job.job_restarts + 1,
                 "budget": RUNG[RungName.job].budget(spec),
                 # a preemption's restart is counted against its own budget
-                **({"preemption": preemption, "preemption_budget": spec.resiliency.max_preemptions} if preemption else {}),
+                **(
+                    {"preemption": preemption, "preemption_budget": spec.resiliency.max_preemptions}
+                    if preemption
+                    else {}
+                ),
             },
         )
     )

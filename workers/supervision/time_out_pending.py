@@ -65,10 +65,11 @@ def pending_since(session: Session, job: Job, attempt: Attempt) -> tuple[datetim
     """When the attempt's pending time began (its launch, or its admission by the queue), and what that was;
     None while it waits in a queue."""
     assert attempt.launched_at is not None
-    queued = [e for e in event_store.of_job(session, job.id, types=[EventType.queued.value]) if e.attempt == job.attempt]
+    events = event_store.of_job(session, job.id, types=[EventType.queued.value])
+    queued = [e for e in events if e.attempt == job.attempt]
     if not queued:
         return attempt.launched_at, "launch"
-    latest = queued[-1]
+    latest = max(queued, key=lambda e: e.id)  # the newest report (times are when the reports were stored)
     if (latest.details or {}).get("queue_state") == "admitted":
         return max(_aware(latest.ts), attempt.launched_at), "admission by the queue"
     return None, "queued"
