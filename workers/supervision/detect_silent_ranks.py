@@ -145,12 +145,12 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     if not silent:
         return None
     summary = f"{len(silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
-    nodes = tuple(sorted({r.node for r in silent if r.node}))
-    if len(nodes) >= spec.nodes:  # every node has a silent rank: no one node is to blame
-        nodes = ()
-    if nodes:
-        summary += f" on node(s) {', '.join(nodes)}"
-    return Silence(summary, escalate=overdue > timeout, silent_s=round(worst, 3), nodes=nodes)
+    blamed = tuple(sorted({r.node for r in silent if r.node}))
+    if len(blamed) >= spec.nodes:  # every node has a silent rank: no one node is to blame
+        blamed = ()
+    if blamed:
+        summary += f" on node(s) {', '.join(blamed)}"
+    return Silence(summary, escalate=overdue > timeout, silent_s=round(worst, 3), nodes=blamed)
 
 
 def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:
