@@ -1,24 +1,16 @@
-"""Fixtures for the trainer: a stand-in control plane over real HTTP, a stand-in node agent, and
-real ft_launcher jobs.
+"""Fixtures for the trainer: a stand-in control plane over real HTTP, and real jobs: the node agent
+(`python -m trainer.agent -- <ft_launcher command>`) starting real ft_launcher and the trainer.
 
 `Receiver` is a threaded HTTP server that speaks the node's half of the contract: the node
 agent's batched `POST /v1/jobs/{id}/reports` (the node's liveness, the ranks' heartbeats and
-events; the reply carries fault directives), and the older per-kind `POST .../events` and
+events; the reply carries fault directives), and the per-kind `POST .../events` and
 `POST .../heartbeats`. It checks the bearer token, stores events once per idempotency key,
 records every heartbeat, and can be taken down and brought back on the same port to play an
 outage.
-
-`AgentStandIn` is the part of the node agent that the ranks see: it binds the Unix datagram
-socket the SDK reports to (`FTPLANE_AGENT_SOCKET`), checks every message with the agent's own
-protocol (trainer/agent/protocol.py), stores heartbeats and events in the Receiver as the agent
-would report them, and hands the Receiver's fault directives to each rank's reply socket. The
-end-to-end tests run the trainer under it until the node agent itself is in the tree: then they
-run `python -m trainer.agent -- <ft_launcher command>` against the Receiver instead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -36,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from trainer.agent import protocol
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -204,84 +194,14 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
     r.stop()
 
 
-@dataclass
-class AgentStandIn:
-    """The node agent as the ranks see it: a datagram socket that takes their messages (each checked
-    with the agent's protocol), stores them in the Receiver as the agent reports them, and answers a
-    rank's heartbeat with the Receiver's fault directives for that rank."""
-
-    receiver: Receiver
-    node: str = "node-a"
-    attempt: int = 0
-    directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ftplane-agent-")))
-    refused: list[str] = field(default_factory=list)  # why messages were refused
-    excluded: list[dict[str, Any]] = field(default_factory=list)  # exclude_node requests
-    _sock: socket.socket | None = None
-    _thread: threading.Thread | None = None
-
-    @property
-    def path(self) -> Path:
-        return self.directory / "agent.sock"
-
-    def start(self) -> AgentStandIn:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(str(self.path))
-        sock.settimeout(0.2)
-        self._sock = sock
-        self._thread = threading.Thread(target=self._run, args=(sock,), name="agent-stand-in", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """The agent goes away: its socket is gone until `start()`."""
-        sock, self._sock = self._sock, None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if sock is not None:
-            sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-
-    def _run(self, sock: socket.socket) -> None:
-        out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        while self._sock is sock:
-            try:
-                data = sock.recv(protocol.MAX_MESSAGE_BYTES + 1)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                message = protocol.parse(data)
-            except protocol.BadMessage as exc:
-                self.refused.append(str(exc))
-                continue
-            if isinstance(message, protocol.Heartbeat):
-                beat = message.for_control_plane(self.node)
-                self.receiver.store_heartbeats([beat], self.attempt)
-                faults = self.receiver.faults_for([beat])
-                if faults and message.reply_to:
-                    with contextlib.suppress(OSError):
-                        out.sendto(protocol.encode({"type": "faults", "faults": faults}), message.reply_to)
-            elif isinstance(message, protocol.RankEvent):
-                self.receiver.store_events([dict(message.event, node=self.node)])
-            else:
-                self.excluded.append({"rank": message.rank, "reason": message.reason})
-        out.close()
-
-
-@pytest.fixture
-def agent(receiver: Receiver) -> Iterator[AgentStandIn]:
-    a = AgentStandIn(receiver).start()
-    yield a
-    a.stop()
-    shutil.rmtree(a.directory, ignore_errors=True)
+NODE = "node-a"
 
 
 def trainer_env(
-    agent: AgentStandIn | None, checkpoint_dir: Path | None, *, extra: dict[str, str] | None = None
+    receiver: Receiver | None, checkpoint_dir: Path | None, *, extra: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """The environment a rank gets from the backend and its node agent (no agent: reporting is off)."""
+    """The environment a backend gives the node agent (which passes it on to the ranks, all but the
+    token, adding its socket). Without a receiver: no control plane, the SDK's reports are no-ops."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTPLANE_", "TORCHELASTIC_", "MASTER_"))}
     env.update(
         {
@@ -297,19 +217,25 @@ def trainer_env(
             "FTPLANE_FAULTS": "[]",
         }
     )
-    if agent is not None:
+    if receiver is not None:
         env.update(
             {
-                "FTPLANE_URL": agent.receiver.url,
-                "FTPLANE_JOB_ID": agent.receiver.job_id,
-                "FTPLANE_NODE_NAME": agent.node,
-                protocol.SOCKET_ENV: str(agent.path),
+                "FTPLANE_URL": receiver.url,
+                "FTPLANE_JOB_ID": receiver.job_id,
+                "FTPLANE_TOKEN": receiver.token,
+                "FTPLANE_NODE_NAME": NODE,
+                "FTPLANE_REPORT_INTERVAL_S": "0.5",
             }
         )
     if checkpoint_dir is not None:
         env["FTPLANE_CHECKPOINT_DIR"] = str(checkpoint_dir)
     env.update(extra or {})
     return env
+
+
+def under_agent(command: list[str]) -> list[str]:
+    """`command` started and supervised by a node agent, as every backend runs a node."""
+    return [sys.executable, "-m", "trainer.agent", "--", *command]
 
 
 def launcher_command(
@@ -333,6 +259,7 @@ def launcher_command(
         f"--ft-rank-heartbeat-timeout={heartbeat_timeout}",
         "--ft-restart-policy=any-failed",
         "--monitor-interval=1",
+        "--tee=3",  # the node agent reads each rank's lines and the launcher's own from its output
         "--workers-stop-timeout=5",
         "--no-python",  # the trainer command is a full command line, as the backends run it
         sys.executable,
@@ -368,14 +295,23 @@ class Job:
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Callable[..., Job]]:
-    """Start a command in its own process group, output to a log file; killed at teardown."""
+    """Start a command under a node agent, in its own process group, output (the agent's log and the
+    launcher's output, which it copies) to a log file; killed at teardown."""
     jobs: list[Job] = []
+    agent_dirs: list[str] = []
 
     def start(command: list[str], env: dict[str, str], name: str = "job") -> Job:
         log_path = tmp_path / f"{name}-{len(jobs)}.log"
+        agent_dirs.append(tempfile.mkdtemp(prefix="ftplane-agent-"))  # short: socket paths have a limit
+        env = {**env, "FTPLANE_AGENT_DIR": agent_dirs[-1], "FTPLANE_AGENT_ECHO": "1"}
         log_file = open(log_path, "wb")  # noqa: SIM115 - owned by the child
         process = subprocess.Popen(
-            command, env=env, cwd=tmp_path, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            under_agent(command),
+            env=env,
+            cwd=tmp_path,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log_file.close()
         job = Job(process, log_path)
@@ -385,3 +321,5 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Job]]:
     yield start
     for job in jobs:
         job.kill()
+    for directory in agent_dirs:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,13 +1,13 @@
-"""End to end: real ft_launcher, two CPU ranks over gloo, reporting through the SDK to a node agent
-(the stand-in of conftest.py) and on to a stand-in control plane.
+"""End to end: the node agent, real ft_launcher, two CPU ranks over gloo reporting through the SDK, a
+stand-in control plane over HTTP.
 
 Each test injects one kind of fault and checks that the rung of the recovery
 ladder it is meant to exercise fired (from the events the trainer reported and
 the worker PIDs), that training resumed from a checkpoint at a step > 0, and
 that the final model and optimizer state equal those of an uninterrupted run
 (read back from the checkpoints on disk), i.e. the resumed run lost nothing.
-An in-job restart shows in the `running` events of the new workers (restart_count
-1); the `injob_restart` event with its cause is the node agent's to report.
+In-job restarts and their causes are the node agent's to report (from the
+launcher's output); everything else comes from the ranks, through the SDK.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.support.waiting import wait_for
-from tests.trainer.conftest import AgentStandIn, Job, Receiver, launcher_command, trainer_env
+from tests.trainer.conftest import Job, Receiver, launcher_command, trainer_env
 from trainer.checkpoint import COMPLETE_MARKER, latest_complete, list_checkpoints, step_dir
 
 pytestmark = pytest.mark.slow
@@ -90,14 +90,13 @@ def running_by(receiver: Receiver) -> dict[tuple[int, int, int], dict]:
 
 def test_exception_is_recovered_in_process(
     receiver: Receiver,
-    agent: AgentStandIn,
     launch: Callable[..., Job],
     tmp_path: Path,
     reference: dict[str, torch.Tensor],
 ) -> None:
     ckpt = tmp_path / "ckpt"
     env = trainer_env(
-        agent,
+        receiver,
         ckpt,
         extra={
             "FTPLANE_INPROCESS": "1",
@@ -137,7 +136,6 @@ def test_exception_is_recovered_in_process(
 
 def test_crash_triggers_in_job_restart(
     receiver: Receiver,
-    agent: AgentStandIn,
     launch: Callable[..., Job],
     tmp_path: Path,
     reference: dict[str, torch.Tensor],
@@ -145,7 +143,7 @@ def test_crash_triggers_in_job_restart(
     """Also the async engine end to end: saves in the background, complete ones resumed from."""
     ckpt = tmp_path / "ckpt"
     env = trainer_env(
-        agent,
+        receiver,
         ckpt,
         extra={
             "FTPLANE_CHECKPOINT_ENGINE": "async",
@@ -158,6 +156,12 @@ def test_crash_triggers_in_job_restart(
     [fault] = receiver.of_type("fault_injected")  # reported before the SIGKILL, fired once
     assert (fault["rank"], fault["step"], fault["details"]["kind"]) == (1, 12, "crash")
 
+    [restart] = receiver.of_type("injob_restart")  # from the node agent, with the launcher's cause
+    assert restart["details"]["restart_count"] == 1 and restart["details"]["source"] == "launcher"
+    # The cause is what the launcher printed: often only rank 0's exit (its collective broke when rank 1
+    # died), not rank 1's SIGKILL; the fault_injected event above is what names rank 1 here.
+    details = restart["details"]
+    assert details["cause_class"] == "crash" and details["rank"] in (0, 1), details
     assert not receiver.of_type("inprocess_restart")
 
     # New worker processes, resumed from the newest complete checkpoint: step 10, unless its
@@ -180,7 +184,6 @@ def test_crash_triggers_in_job_restart(
 
 def test_hang_is_detected_by_ft_launcher_heartbeat_timeout(
     receiver: Receiver,
-    agent: AgentStandIn,
     launch: Callable[..., Job],
     tmp_path: Path,
     reference: dict[str, torch.Tensor],
@@ -188,7 +191,7 @@ def test_hang_is_detected_by_ft_launcher_heartbeat_timeout(
     ckpt = tmp_path / "ckpt"
     heartbeat_timeout, collective_timeout = 4.0, 90.0
     env = trainer_env(
-        agent,
+        receiver,
         ckpt,
         extra={
             # The peer blocked in a collective would only give up after 90 s: a restart well before
@@ -202,6 +205,12 @@ def test_hang_is_detected_by_ft_launcher_heartbeat_timeout(
 
     [fault] = receiver.of_type("fault_injected")
     assert (fault["rank"], fault["step"], fault["details"]["kind"]) == (1, 12, "hang")
+    # ft_launcher killed the silent ranks: rank 1, and rank 0 too (it waits in a collective for rank 1, so
+    # its loop stopped as well); the node agent names the first the launcher printed.
+    [restart] = receiver.of_type("injob_restart")
+    details = restart["details"]
+    assert details["cause_class"] == "hang" and details["rank"] in (0, 1), details
+    assert details["silent_s"] == heartbeat_timeout
     running = running_by(receiver)
     assert running[(1, 0, 1)]["details"]["pid"] != running[(0, 0, 1)]["details"]["pid"]
     assert running[(1, 0, 1)]["details"]["start_step"] == 10
@@ -221,7 +230,6 @@ def test_hang_is_detected_by_ft_launcher_heartbeat_timeout(
 
 def test_torn_checkpoint_is_never_loaded(
     receiver: Receiver,
-    agent: AgentStandIn,
     launch: Callable[..., Job],
     tmp_path: Path,
     reference: dict[str, torch.Tensor],
@@ -230,7 +238,7 @@ def test_torn_checkpoint_is_never_loaded(
     root = checkpoints_root(ckpt)
     first = launch(
         launcher_command(["--model", "tiny", "--steps", "15"], max_restarts=0),
-        trainer_env(agent, ckpt),
+        trainer_env(receiver, ckpt),
         name="first",
     )
     assert first.wait(JOB_TIMEOUT_S) == 0, first.tail()
@@ -247,7 +255,7 @@ def test_torn_checkpoint_is_never_loaded(
     (unfinished / ".metadata").unlink()
     assert latest_complete(root).step == 15
 
-    second = launch(launcher_command(TRAINER_ARGS, max_restarts=0), trainer_env(agent, ckpt), name="second")
+    second = launch(launcher_command(TRAINER_ARGS, max_restarts=0), trainer_env(receiver, ckpt), name="second")
     assert second.wait(JOB_TIMEOUT_S) == 0, second.tail()
     assert [e["step"] for e in receiver.of_type("checkpoint_loaded")] == [15]
     assert {e["details"]["start_step"] for e in receiver.of_type("running")} == {0, 15}
@@ -261,7 +269,7 @@ def test_torn_checkpoint_is_never_loaded(
 
 
 def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
-    receiver: Receiver, agent: AgentStandIn, launch: Callable[..., Job], tmp_path: Path
+    receiver: Receiver, launch: Callable[..., Job], tmp_path: Path
 ) -> None:
     """One in-process restart allowed, one in-job restart allowed, three faults: the first is
     recovered in process, the second in job, the third ends the launcher with a non-zero exit."""
@@ -271,7 +279,7 @@ def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
         {"kind": "crash", "rank": 1, "at_step": 12},
     ]
     env = trainer_env(
-        agent,
+        receiver,
         tmp_path / "ckpt",
         extra={
             "FTPLANE_FAULTS": json.dumps(faults),
@@ -285,7 +293,8 @@ def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
     assert rc != 0, job.tail()
     assert [(e["rank"], e["step"]) for e in receiver.of_type("fault_injected")] == [(1, 6), (0, 9), (1, 12)]
     [inprocess] = receiver.of_type("inprocess_restart")
-    assert inprocess["details"]["iteration"] == 1
+    [injob] = receiver.of_type("injob_restart")
+    assert inprocess["details"]["iteration"] == 1 and injob["details"]["restart_count"] == 1
     running = running_by(receiver)
     assert set(running) == {(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1)}
     assert running[(0, 1, 1)]["details"]["pid"] == running[(0, 0, 1)]["details"]["pid"]  # in process
@@ -296,13 +305,12 @@ def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
 
 def test_control_plane_fault_directive_fires_once(
     receiver: Receiver,
-    agent: AgentStandIn,
     launch: Callable[..., Job],
     tmp_path: Path,
     reference: dict[str, torch.Tensor],
 ) -> None:
     env = trainer_env(
-        agent,
+        receiver,
         tmp_path / "ckpt",
         extra={"FTPLANE_INPROCESS": "1", "FTPLANE_COLLECTIVE_TIMEOUT_S": "5"},
     )

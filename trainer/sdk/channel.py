@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, NUL included
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 2.0
+BUSY_RETRY_S = 0.002  # the agent took some of a pass and then its buffer was full: it is reading, go on soon
 SEND_BATCH = 256  # messages sent per pass before the lock is taken again
 
 
@@ -144,11 +145,13 @@ class AgentChannel:
 
     def flush(self, timeout: float) -> bool:
         """Wait up to `timeout` s until every queued message and the newest heartbeat are in the agent's
-        socket (a datagram there survives this process); skips the current backoff. True if so."""
+        socket (a datagram there survives this process); tries at once rather than after the current
+        backoff. True if so."""
         deadline = time.monotonic() + timeout
         with self._cond:
             self._flushing += 1
-            self._retry_at = 0.0
+            self._retry_at = 0.0  # try at once, then back off again from the shortest wait
+            self.failures = 0
             self._cond.notify_all()
             try:
                 while self._queue or self._beat_seq != self._sent_seq:
@@ -191,58 +194,69 @@ class AgentChannel:
     # --- the sender thread -------------------------------------------------------------------------
 
     def _send_loop(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._stopping:
-                        return
-                    now = time.monotonic()
-                    # heartbeats are stored without a wake-up (no lock on the training thread): look every interval
-                    wait = self.interval_s
-                    retry_at = 0.0 if self._flushing else self._retry_at
-                    if self._queue:
-                        if now >= retry_at:
-                            break
-                        wait = min(wait, retry_at - now)
-                    if self._beat_seq != self._sent_seq:
-                        due = 0.0 if self._flushing else max(self._next_beat_at, retry_at)
-                        if now >= due:
-                            break
-                        wait = min(wait, due - now)
-                    self._cond.wait(wait)
-                batch = [self._queue[i] for i in range(min(len(self._queue), SEND_BATCH))]
-                beat, beat_seq = self._beat, self._beat_seq
-                beat_due = beat_seq != self._sent_seq and (self._flushing > 0 or now >= self._next_beat_at)
-                drops = self.dropped - self._reported_drops
-                self._reported_drops = self.dropped
-            if drops:
-                log.warning("%d message(s) to the node agent dropped: %d were queued already", drops, self.max_queued)
+        while not self._stopping:
+            try:
+                self._send_pass()
+            except Exception:  # a sender that dies would make this rank silent: log, pause, go on
+                log.exception("sending to the node agent failed")
+                time.sleep(BACKOFF_CAP_S)
 
-            done, failure = self._send_messages(batch)
-            if failure is None and beat_due and beat is not None:
-                failure = self._send_heartbeat(beat)
-            with self._cond:
-                for _ in range(done):
-                    self._queue.popleft()  # only this thread removes, always from the left
-                if failure is None:
-                    if beat_due:
-                        self._sent_seq = beat_seq
-                        self._next_beat_at = now + self.interval_s
-                    self.failures = 0
-                    self._retry_at = 0.0
-                else:
-                    self.failures += 1
-                    self._retry_at = time.monotonic() + min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (self.failures - 1))
-                failures = self.failures
-                self._cond.notify_all()
-            if failure is not None and (failures in (1, 20) or failures % 500 == 0):
-                log.warning(
-                    "the node agent at %s is not taking messages (%s); %d queued, retrying (attempt %d)",
-                    self.agent_socket,
-                    failure,
-                    len(self._queue),
-                    failures,
-                )
+    def _send_pass(self) -> None:
+        """Wait until something is due, then send it: the queued messages in order, then the newest heartbeat."""
+        with self._cond:
+            while True:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                # heartbeats are stored without a wake-up (no lock on the training thread): look every interval
+                wait = self.interval_s
+                if self._queue:
+                    if now >= self._retry_at:
+                        break
+                    wait = min(wait, self._retry_at - now)
+                if self._beat_seq != self._sent_seq:
+                    due = max(0.0 if self._flushing else self._next_beat_at, self._retry_at)
+                    if now >= due:
+                        break
+                    wait = min(wait, due - now)
+                self._cond.wait(wait)
+            batch = [self._queue[i] for i in range(min(len(self._queue), SEND_BATCH))]
+            beat, beat_seq = self._beat, self._beat_seq
+            beat_due = beat_seq != self._sent_seq and (self._flushing > 0 or now >= self._next_beat_at)
+            drops = self.dropped - self._reported_drops
+            self._reported_drops = self.dropped
+        if drops:
+            log.warning("%d message(s) to the node agent dropped: %d were queued already", drops, self.max_queued)
+
+        done, failure = self._send_messages(batch)
+        if failure is None and beat_due and beat is not None:
+            failure = self._send_heartbeat(beat)
+        with self._cond:
+            for _ in range(done):
+                self._queue.popleft()  # only this thread removes, always from the left
+            if failure is None:
+                if beat_due:
+                    self._sent_seq = beat_seq
+                    self._next_beat_at = now + self.interval_s
+                self.failures = 0
+                self._retry_at = 0.0
+            elif done and isinstance(failure, BlockingIOError):
+                self.failures = 0
+                self._retry_at = time.monotonic() + BUSY_RETRY_S
+            else:  # absent, restarting, or not reading at all: back off
+                self.failures += 1
+                backoff = BACKOFF_BASE_S * 2 ** min(self.failures - 1, 10)
+                self._retry_at = time.monotonic() + min(BACKOFF_CAP_S, backoff)
+            failures = self.failures
+            self._cond.notify_all()
+        if failure is not None and (failures in (3, 30) or (failures and failures % 500 == 0)):
+            log.warning(
+                "the node agent at %s is not taking messages (%s); %d queued, retrying (attempt %d)",
+                self.agent_socket,
+                failure,
+                len(self._queue),
+                failures,
+            )
 
     def _send_messages(self, batch: list[dict[str, Any]]) -> tuple[int, OSError | None]:
         """Send in order until one fails; returns (how many are done, the failure). A message that can
@@ -255,7 +269,7 @@ class AgentChannel:
                 with self._cond:
                     self.dropped += 1
                     self._reported_drops += 1
-                log.warning("dropped a %s message for the node agent: %s", message.get("type"), exc)
+                log.warning("dropped a message of type %s for the node agent: %s", message.get("type"), exc)
                 done += 1
                 continue
             try:
