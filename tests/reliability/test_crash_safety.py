@@ -1,20 +1,25 @@
-"""Crash safety: kill -9 the Celery worker while it submits, supervises and delivers; kill -9 the API
+"""Crash safety: kill -9 the Celery worker while it launches, supervises and delivers; kill -9 the API
 while clients post batches. Nothing acknowledged is lost, nothing is done twice.
 
 Real processes throughout: a Celery worker (with beat) on the real Redis broker, jobs launched by
-the local backend under real ft_launcher, a uvicorn API on PostgreSQL. Assertions are on the
+the local backend under real ft_launcher, a uvicorn API on PostgreSQL. The worker dies at named kill
+points (`api/core/killpoints.py`: `FTPLANE_TEST_KILL_AT`), each inside the window it is named for;
+the test checks what the dead worker left before starting the next one. Assertions are on the
 database: one launch per attempt, unique events, every job at its terminal state, every webhook
-delivery delivered, every acknowledged batch stored exactly once.
+delivery delivered, the interrupted one twice with the same webhook-id, every acknowledged batch
+stored exactly once.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import os
 import signal
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +30,55 @@ from sqlalchemy import func, select
 
 from tests.conftest import REDIS_URL, configure_env, require
 from tests.reliability.conftest import ApiProcess, worker_process
+from tests.support.processes import CeleryWorker
 from tests.support.receivers import Receiver
 from tests.support.waiting import wait_for
 
 END = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
+# Each job's one process records its start, then waits for its flag file: the test decides when a job ends.
+TRAINER = (
+    "import os, sys, time; job = os.environ['FTPLANE_JOB_ID']; "
+    "open(sys.argv[1], 'a').write(job + ' a' + os.environ['FTPLANE_ATTEMPT'] + '\\n'); "
+    "flag = os.path.join(sys.argv[2], job)\n"
+    "while not os.path.exists(flag): time.sleep(0.1)"
+)
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    """A webhook receiver that holds the first request it gets until released (the worker is killed
-    meanwhile, mid-delivery), then answers everything 200."""
-    with Receiver(hold_first=True) as holding:
-        yield holding
+
+class KilledWorker:
+    """Starts the worker set to die at one kill point, and reads the marker it leaves."""
+
+    def __init__(self, worker: CeleryWorker, markers: Path) -> None:
+        self.worker = worker
+        self.markers = markers
+        worker.env["FTPLANE_TEST_KILL_LOG"] = str(markers)
+
+    def start(self, kill_at: str | None) -> None:
+        if kill_at:
+            self.worker.env["FTPLANE_TEST_KILL_AT"] = kill_at
+        else:
+            self.worker.env.pop("FTPLANE_TEST_KILL_AT", None)
+        self.worker.start()
+
+    def died_at(self, point: str, timeout: float = 90) -> dict[str, Any]:
+        """Waits for the worker to die at `point`; returns the marker it wrote just before."""
+        process = self.worker.process
+        assert process is not None
+        found = wait_for(f"the worker to die at {point}", lambda: self._marker(point), timeout, interval=0.05)
+        assert process.wait(30) == -signal.SIGKILL, "the worker did not die by SIGKILL"
+        self.worker.process = None
+        return dict(found)
+
+    def _marker(self, point: str) -> dict[str, Any] | None:
+        lines = self.markers.read_text().splitlines() if self.markers.exists() else []
+        found = [json.loads(line) for line in lines if json.loads(line)["point"] == point]
+        return found[-1] if found else None
 
 
 @pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.postgres
-def test_worker_killed_while_submitting_supervising_and_delivering(
+def test_worker_killed_while_launching_supervising_and_delivering(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, receiver: Receiver
 ) -> None:
     settings = {
@@ -55,60 +91,105 @@ def test_worker_killed_while_submitting_supervising_and_delivering(
     data_dir = tmp_path / "state"
     configure_env(monkeypatch, data_dir, postgres_url, **settings)
     from api.core.db import session_scope
+    from api.database.tables import ApiToken, Attempt, Event, Job, WebhookDelivery
     from api.main import create_app
     from api.models import tokens
+    from api.schemas.spec import JobSpec
+    from workers.backends.local import LocalBackend
 
     app = create_app()
     with session_scope() as session:
         _, token = tokens.create_admin(session, "tests")
     admin = TestClient(app, headers={"Authorization": f"Bearer {token}"})
-    runs = data_dir / "runs"
-    worker_env = {**settings, "FTPLANE_DATA_DIR": str(data_dir), "FTPLANE_DATABASE_URL": postgres_url}
-    worker = worker_process(worker_env, tmp_path / "worker.log").start()
+    backend = LocalBackend(runs_dir=data_dir / "runs")
+    flags = tmp_path / "flags"
+    flags.mkdir()
     starts = tmp_path / "starts.log"  # each trainer process that starts appends a line here
+    # The API the jobs' node agents report to (the test itself calls the app in process).
+    api = ApiProcess(tmp_path / "api", {"FTPLANE_DATABASE_URL": postgres_url, "FTPLANE_DATA_DIR": str(data_dir)})
+    worker_env = {**settings, "FTPLANE_DATA_DIR": str(data_dir), "FTPLANE_DATABASE_URL": postgres_url}
+    worker_env["FTPLANE_PUBLIC_URL"] = api.url
+    worker = KilledWorker(worker_process(worker_env, tmp_path / "worker.log"), tmp_path / "killed.jsonl")
+
+    def node(job_id: str) -> Any:
+        return backend.nodes(job_id, 0, JobSpec(name="crash", command=["true"]))[0]
+
+    def status(job_id: str) -> str:
+        return str(admin.get(f"/v1/jobs/{job_id}").json()["status"])
+
+    def attempt_status(job_id: str) -> str:
+        return str(admin.get(f"/v1/jobs/{job_id}").json()["attempts"][0]["status"])
+
+    def events_of(job_id: str, type_: str) -> int:
+        with session_scope() as session:
+            query = select(func.count()).select_from(Event).where(Event.job_id == job_id, Event.type == type_)
+            return int(session.scalar(query) or 0)
+
+    api.start()
     try:
         subscription = {"url": f"{receiver.url}/hook", "event_types": ["submitted", "succeeded"]}
         hook = admin.post("/v1/webhooks", json=subscription)
         assert hook.status_code == 201, hook.text
-        command = (
-            "import os, sys, time; "
-            "open(sys.argv[1], 'a').write(os.environ['FTPLANE_JOB_ID'] + ' a' "
-            "+ os.environ['FTPLANE_ATTEMPT'] + '\\n'); "
-            "time.sleep(4)"
-        )
         spec = {
-            "command": ["python", "-c", command, str(starts)],
+            "command": ["python", "-c", TRAINER, str(starts), str(flags)],
             "procs_per_node": 1,
             "resiliency": {"max_in_job_restarts": 0, "max_job_restarts": 1},
         }
         jobs = [admin.post("/v1/jobs", json={**spec, "name": f"crash-{i}"}).json()["id"] for i in range(3)]
 
-        # 1. Killed while submitting: as soon as the first launch has begun on disk.
-        wait_for("a launch to begin", lambda: any(runs.glob("*/a0")), 60, interval=0.01)
-        worker.kill9()
-        worker.start()
-        # 2. Killed while delivering: the receiver holds the first webhook until the worker is dead.
-        assert receiver.first_arrived.wait(60), "no webhook was delivered"
-        worker.kill9()
-        receiver.release.set()
-        worker.start()
-        # 3. Killed while supervising: right when a job's processes end, as the supervisor records it.
-        wait_for("a job's processes to end", lambda: any(runs.glob("*/a0/exit_code")), 60, interval=0.01)
-        worker.kill9()
-        worker.start()
+        # 1. Killed while launching: the attempt's processes started, its trainer token committed,
+        #    the launch not recorded.
+        worker.start("launch.started")
+        killed = worker.died_at("launch.started")
+        launched = killed["job"]
+        assert killed["attempt"] == 0 and launched in jobs
+        with session_scope() as session:
+            attempt = session.scalars(select(Attempt).where(Attempt.job_id == launched)).one()
+            assert attempt.status == "PENDING", "the launch was recorded before the kill"
+            names = set(session.scalars(select(ApiToken.name).where(ApiToken.job_id == launched)))
+            assert f"trainer:crash-{jobs.index(launched)}:a0" in names, names
+        assert node(launched).launched() is not None, "the backend had not started the attempt"
 
+        # 2. Killed while supervising: the reconcile pass ended a job's attempt (its process exited 0)
+        #    in its transaction, and died before the commit.
+        worker.start("reconcile.ended")
+        wait_for("every job's attempt to run", lambda: all(attempt_status(j) == "RUNNING" for j in jobs), 90)
+        ending = jobs[0]
+        (flags / ending).touch()
+        killed = worker.died_at("reconcile.ended")
+        assert killed["job"] == ending and killed["attempt"] == 0
+        assert node(ending).exit_code() == 0
+        assert attempt_status(ending) == "RUNNING" and status(ending) not in END, "the end was committed"
+        assert events_of(ending, "succeeded") == 0, "the end was committed"
+        sent = [r.json() for r in receiver.requests]
+        assert not [m for m in sent if m["type"] == "succeeded"], "a webhook announced an end never committed"
+
+        # 3. Killed while delivering: a webhook POST was answered (200), its outcome not recorded.
+        worker.start("webhook.posted")
+        killed = worker.died_at("webhook.posted")
+        delivery = killed["delivery"]
+        assert killed["status"] == 200
+        assert [r.webhook_id for r in receiver.requests].count(delivery) == 1
+        with session_scope() as session:
+            row = session.get(WebhookDelivery, delivery)
+            assert row is not None and row.status == "pending" and row.attempts == 1
+
+        # 4. A worker that is not killed: every job ends, every delivery is delivered.
+        worker.start(None)
         for job_id in jobs:
-            wait_for(f"job {job_id} to end", lambda j=job_id: admin.get(f"/v1/jobs/{j}").json()["status"] in END, 90)
+            (flags / job_id).touch()
+        for job_id in jobs:
+            wait_for(f"job {job_id} to end", lambda j=job_id: status(j) in END, 90)
         wait_for("every webhook delivery to be delivered", lambda: pending_deliveries() == 0, 100, interval=0.5)
     finally:
-        worker.stop()
+        for job_id in admin.get("/v1/jobs").json()["items"]:
+            (flags / job_id["id"]).touch()
+        worker.worker.stop()
+        api.kill(signal.SIGTERM)
 
     # Every job is supervised again after the restarts and reaches its end, launched once.
     launches = collections.Counter(starts.read_text().split("\n")[:-1])
-    from api.core.db import session_scope as scope
-    from api.database.tables import Attempt, Event, Job, WebhookDelivery
-
-    with scope() as session:
+    with session_scope() as session:
         for job_id in jobs:
             job = session.get(Job, job_id)
             assert job is not None and job.status == "SUCCEEDED", (job_id, job and job.status_reason)
@@ -118,18 +199,21 @@ def test_worker_killed_while_submitting_supervising_and_delivering(
             types = collections.Counter(session.scalars(select(Event.type).where(Event.job_id == job_id)))
             assert types["submitted"] == 1 and types["succeeded"] == 1, types
             assert all(n == 1 for n in types.values()), f"an event of {job_id} was recorded twice: {types}"
-        # One delivery per (subscription, event), each delivered; the receiver saw each at least once.
+        # One delivery per (subscription, event), each delivered.
         rows = session.execute(select(WebhookDelivery.event_id, WebhookDelivery.status, WebhookDelivery.id)).all()
         events = session.scalar(
             select(func.count()).select_from(Event).where(Event.type.in_(["submitted", "succeeded"]))
         )
     assert len(rows) == events == 2 * len(jobs)
     assert len({r.event_id for r in rows}) == len(rows) and {r.status for r in rows} == {"delivered"}
-    received = [r.webhook_id for r in receiver.requests]
-    assert {r.id for r in rows} <= set(received)
-    assert worker.starts == 4
-    repeated = sum(n - 1 for n in collections.Counter(received).values())
-    print(f"\n3 kill -9 of the worker survived; {len(rows)} deliveries, {repeated} sent twice (same webhook-id)")
+    # The receiver got each delivery once, and the interrupted one again, with the same webhook-id.
+    received = collections.Counter(r.webhook_id for r in receiver.requests)
+    assert received == {r.id: 2 if r.id == delivery else 1 for r in rows}, received
+    assert worker.worker.starts == 4
+    print(
+        f"\n3 kill -9 of the worker, each at its point (launch.started, reconcile.ended, webhook.posted), "
+        f"survived; {len(rows)} deliveries, {sum(received.values()) - len(rows)} sent twice (same webhook-id)"
+    )
 
 
 def pending_deliveries() -> int:
@@ -143,6 +227,38 @@ def pending_deliveries() -> int:
             )
             or 0
         )
+
+
+def test_a_kill_point_is_off_unless_named_and_kills_its_process_group_when_named(tmp_path: Path) -> None:
+    """The hook itself: nothing happens at a point the variable does not name; at a named one the
+    process writes its marker and dies by SIGKILL with its group (here a child of the hooked process)."""
+    import subprocess
+
+    code = (
+        "import subprocess, sys, time\n"
+        "from api.core.killpoints import kill_point\n"
+        "quiet = {'stdout': subprocess.DEVNULL, 'stderr': subprocess.DEVNULL}\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], **quiet)\n"
+        "print(child.pid, flush=True)\n"
+        "kill_point('elsewhere', job='j')\n"
+        "print('passed elsewhere', flush=True)\n"
+        "kill_point('here', job='j', attempt=0)\n"
+        "print('survived', flush=True)\n"
+    )
+    log = tmp_path / "killed.jsonl"
+    env = {"FTPLANE_TEST_KILL_AT": "before,here", "FTPLANE_TEST_KILL_LOG": str(log), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, start_new_session=True
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child, passed = done.stdout.split("\n")[:2]
+    assert passed == "passed elsewhere" and "survived" not in done.stdout
+    (marker,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (marker["point"], marker["job"], marker["attempt"]) == ("here", "j", 0)
+    wait_for("the group's other process to die", lambda: not Path(f"/proc/{child}").exists(), 10, interval=0.05)
+    unset = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    os.kill(int(unset.stdout.split()[0]), signal.SIGKILL)  # its sleeping child, left behind by design
+    assert unset.returncode == 0 and unset.stdout.endswith("survived\n")
 
 
 @pytest.mark.slow
@@ -269,8 +385,8 @@ def _runners(state_dir: Path) -> list[int]:
 
 @pytest.mark.parametrize("runner_state", ["running", "ended"])
 def test_a_launch_whose_record_was_lost_is_adopted_not_repeated(tmp_path: Path, runner_state: str) -> None:
-    """The window the chaos test hits by chance, made certain: the worker started the attempt's
-    runner and was killed before writing launch.json. The launch, run again, must not start it twice."""
+    """A window inside the backend's launch, made certain: the worker started a node's runner and was
+    killed before writing its launch.json. The launch, run again, must not start it twice."""
     import subprocess
     import sys
 
@@ -281,7 +397,7 @@ def test_a_launch_whose_record_was_lost_is_adopted_not_repeated(tmp_path: Path, 
     backend = LocalBackend(runs_dir=tmp_path / "runs")
     spec = JobSpec(name="adopt", command=["sleep", "30"])
     request = LaunchRequest(job_id="j1", attempt=0, spec=spec, token="t", control_plane_url="http://127.0.0.1:9")
-    run = backend.attempt_dir("j1", 0)
+    run = backend.nodes("j1", 0, spec)[0]
     run.path.mkdir(parents=True)
     command = ["sleep", "30"] if runner_state == "running" else ["true"]
     runner = subprocess.Popen(

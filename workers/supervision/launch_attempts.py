@@ -12,6 +12,7 @@ from datetime import timedelta
 from sqlalchemy.orm import Session
 
 from api.core.config import get_settings
+from api.core.killpoints import kill_point
 from api.database.tables import Job
 from api.models import jobs as job_store
 from api.models import tokens
@@ -79,6 +80,7 @@ def launch_job(session: Session, job: Job) -> None:
         log.exception("launch of job %s attempt %s failed", job.id, job.attempt)
         lifecycle.fail(session, job, attempt, cause)
         return
+    kill_point("launch.started", job=job.id, attempt=job.attempt)  # test-only: off unless set
     note = None
     if job.excluded_nodes and not getattr(backend, "can_exclude_nodes", True):
         note = (

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from sqlalchemy.orm import Session
 
+from api.core.killpoints import kill_point
 from api.database.tables import Attempt, Job, RankLiveness
 from api.models import events as event_store
 from api.models import jobs as job_store
@@ -110,6 +111,7 @@ def _apply(session: Session, job: Job, view: BackendView) -> bool:
             attempt.cause = view.cause.message  # what it waits for, shown until it runs
     elif view.phase == AttemptPhase.succeeded:
         lifecycle.succeed(session, job, attempt)
+        kill_point("reconcile.ended", job=job.id, attempt=job.attempt)  # test-only: off unless set
     else:
         cause = view.cause or (
             Cause(CauseClass.unknown, "the launcher is gone")

@@ -8,6 +8,7 @@ from api import metrics
 from api.core import queue
 from api.core.config import get_settings
 from api.core.db import session_scope
+from api.core.killpoints import kill_point
 from api.schemas.events import utcnow
 from api.webhooks import messages, outbox, targets
 from workers.celery_app import celery_app
@@ -40,6 +41,7 @@ def deliver_webhook(delivery_id: str) -> str:
     except Exception as exc:  # a bug here must end as a logged, retried try, not a lost delivery
         log.exception("webhook delivery %s crashed", delivery_id)
         result = targets.PostResult(None, f"internal error: {type(exc).__name__}: {exc}")
+    kill_point("webhook.posted", delivery=delivery_id, status=result and result.status_code)  # test-only
     with session_scope() as session:
         outcome = outbox.finish(session, claim, result, utcnow(), refused=refused)
     metrics.webhook_delivery(outcome.status)
