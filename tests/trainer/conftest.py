@@ -241,12 +241,14 @@ def under_agent(command: list[str]) -> list[str]:
 def launcher_command(
     trainer_args: list[str],
     *,
+    program: list[str] | None = None,
     nproc: int = 2,
     max_restarts: int = 2,
     initial_heartbeat_timeout: float = 60,
     heartbeat_timeout: float = 30,
 ) -> list[str]:
-    """The ft_launcher command line of the local backend (flags as in workers/backends/base.py)."""
+    """The ft_launcher command line of the local backend (flags as in workers/backends/base.py), running
+    `program` (default: the built-in trainer) with `trainer_args` on every rank."""
     return [
         FT_LAUNCHER,
         "--nnodes=1",
@@ -262,9 +264,7 @@ def launcher_command(
         "--tee=3",  # the node agent reads each rank's lines and the launcher's own from its output
         "--workers-stop-timeout=5",
         "--no-python",  # the trainer command is a full command line, as the backends run it
-        sys.executable,
-        "-m",
-        "trainer",
+        *(program or [sys.executable, "-m", "trainer"]),
         *trainer_args,
     ]
 
