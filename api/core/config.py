@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     local_runs_dir: Path | None = Field(default=None, description="Local backend run state; default data_dir/runs.")
     kube_context: str | None = Field(default=None, description="kubeconfig context; in-cluster config when unset.")
     kube_in_cluster: bool | None = Field(default=None, description="Force in-cluster config (default: auto).")
+    kube_unhealthy_nodes: Literal["off", "cordon", "taint"] = Field(
+        default="off",
+        description="What the kubernetes backend does to a node it blamed: nothing, cordon it, or taint it "
+        "ftplane.dev/unhealthy:NoSchedule (needs deploy/kustomize/components/node-remediation).",
+    )
     webhook_allow_private: bool = Field(
         default=False, description="Allow webhook targets in loopback, private and link-local ranges."
     )

@@ -1,122 +1,85 @@
-"""The fake cluster's nodes and kubelets: what tests call to move pods through their lives.
+"""The fake cluster's kubelets and node lifecycle: what tests call to move pods through their lives.
 
-`schedule` binds pending pods to free nodes their affinity allows; `run` starts
-their containers, each pod with worker processes carrying RANK; `exit`, `oom`,
-`evict`, `lose_node` and `image_pull_error` end or stall them the way Kubernetes
-reports it (statuses, conditions, Events). `exec` answers the backend's fault
-script from those processes.
+Kubelets: `run` starts bound pods' containers; `exit`, `oom`, `evict` (node-pressure), `image_pull_error`,
+`mount_failure` and `config_error` end or stall them the way Kubernetes reports it (statuses,
+conditions, Events). Nodes: `not_ready` makes a node NotReady (or unreachable) at the fake clock's time:
+its pods turn not Ready at once, and the taint manager marks them for deletion (DisruptionTarget,
+Terminating) once their not-ready/unreachable toleration runs out (`advance` the clock); `lose_node` is
+the quick form (the node gone, its pods deleted); `set_condition` sets a node condition (the EKS node
+monitoring agent's); `api_evict` is the Eviction API (a drain, Karpenter) and `drain` cordons a node and
+evicts its pods.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
-from tests.fake_kubernetes.jobs import INDEX_LABEL, JobController
-from tests.fake_kubernetes.store import now_iso
+from tests.fake_kubernetes.jobs import INDEX_LABEL
+from tests.fake_kubernetes.scheduler import Scheduler
+from tests.fake_kubernetes.store import iso
+
+NOT_READY_TAINTS = {"unreachable": "node.kubernetes.io/unreachable", "not-ready": "node.kubernetes.io/not-ready"}
+DEFAULT_TOLERATION_S = 300  # what the DefaultTolerationSeconds admission plugin gives pods without their own
 
 
-class Cluster(JobController):
-    """The store and Job controller, with nodes that pods are scheduled on, run, fail and vanish from."""
+class Cluster(Scheduler):
+    """The store, Job controller and scheduler, with kubelets that run, fail and lose pods."""
 
     def __init__(self, nodes: list[str] | None = None) -> None:
         super().__init__()
-        self.nodes = nodes if nodes is not None else [f"ip-10-0-1-{i}" for i in range(1, 9)]
-        self.signals: list[tuple[str, int, str]] = []  # (pod, rank, signal) sent through exec
-        # pod name -> {pid: global rank}: the worker processes exec can find
-        self.processes: dict[str, dict[int, int]] = {}
-        self.not_ready: set[str] = set()
-
-    def _deleted(self, plural: str, obj: dict[str, Any], by_user: bool) -> None:
-        super()._deleted(plural, obj, by_user)
-        self.processes.pop(obj["metadata"]["name"], None)
+        for name in nodes if nodes is not None else [f"ip-10-0-1-{i}" for i in range(1, 9)]:
+            self.add_node(name)
 
     def _set_status(self, pod: dict[str, Any], **status: Any) -> None:
         pod["status"].update(status)
         pod["metadata"]["resourceVersion"] = str(next(self.rv))
 
-    def schedule(self, job: str, ns: str) -> list[str]:
-        """Bind each pending pod to a free node that its affinity allows; unschedulable ones say why."""
-        with self.lock:
-            used = {
-                p["spec"].get("nodeName")
-                for p in self.list("pods")
-                if p.get("status", {}).get("phase") in ("Pending", "Running")
-            }
-            placed = []
-            for pod in self.pods(job, ns):
-                if pod["spec"].get("nodeName"):
-                    continue
-                excluded = _excluded_nodes(pod)
-                busy = used | excluded | self.not_ready
-                free = [n for n in self.nodes if n not in busy]
-                ts = now_iso()
-                if not free:
-                    message = f"0/{len(self.nodes)} nodes are available: "
-                    message += f"{len(excluded)} node(s) didn't match Pod's node affinity/selector, "
-                    message += "the others are busy."
-                    pod["status"]["conditions"] = [
-                        {
-                            "type": "PodScheduled",
-                            "status": "False",
-                            "reason": "Unschedulable",
-                            "message": message,
-                            "lastTransitionTime": ts,
-                        }
-                    ]
-                    self.event(pod, "FailedScheduling", message, "Warning")
-                    continue
-                node = free[0]
-                used.add(node)
-                placed.append(node)
-                pod["spec"]["nodeName"] = node
-                bound = {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts}
-                pod["status"]["conditions"] = [bound]
-                ns_name = f"{ns}/{pod['metadata']['name']}"
-                self.event(pod, "Scheduled", f"Successfully assigned {ns_name} to {node}")
-            return placed
+    def _job_of(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            job = self.objects.get(("jobs", pod["metadata"]["namespace"], ref["name"]))
+            if job is not None:
+                return job
+        return None
 
-    def run(self, job: str, ns: str, *, rank_layout: Callable[[int, int], list[int]] | None = None) -> None:
-        """Containers start; each pod gets worker processes carrying RANK (ranks of its node by default)."""
+    # --- kubelets
+
+    def run(self, job: str, ns: str) -> None:
+        """Bound pending pods start their containers."""
         with self.lock:
-            job_obj = self.job(job, ns)
-            command = job_obj["spec"]["template"]["spec"]["containers"][0]["command"]
-            ppn = int(next(a.split("=", 1)[1] for a in command if a.startswith("--nproc-per-node=")))
             for pod in self.pods(job, ns):
                 if pod["status"]["phase"] != "Pending" or not pod["spec"].get("nodeName"):
                     continue
                 index = int(pod["metadata"]["labels"][INDEX_LABEL])
-                ts = now_iso()
+                ts = self.ts()
                 node = pod["spec"]["nodeName"]
                 self.event(pod, "Pulled", "Container image already present on machine", host=node)
                 self.event(pod, "Started", "Started container trainer", host=node)
+                init = [
+                    _container(
+                        c["name"],
+                        pod,
+                        {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": ts, "finishedAt": ts}},
+                    )
+                    for c in pod["spec"].get("initContainers") or []
+                ]
                 self._set_status(
                     pod,
                     phase="Running",
                     podIP=f"10.1.0.{index + 10}",
                     startTime=ts,
                     containerStatuses=[_container("trainer", pod, {"running": {"startedAt": ts}})],
+                    **({"initContainerStatuses": init} if init else {}),
                 )
-                ready = {"type": "Ready", "status": "True", "lastTransitionTime": ts}
-                pod["status"]["conditions"].append(ready)
-                ranks = rank_layout(index, ppn) if rank_layout else [index * ppn + i for i in range(ppn)]
-                self.processes[pod["metadata"]["name"]] = {100 + i: r for i, r in enumerate(ranks)}
-            self._sync(job_obj)
+                pod["status"]["conditions"].append({"type": "Ready", "status": "True", "lastTransitionTime": ts})
+            self._sync(self.job(job, ns))
 
-    def exit(
-        self,
-        job: str,
-        ns: str,
-        index: int,
-        code: int,
-        reason: str = "Error",
-        message: str = "",
-    ) -> None:
+    def exit(self, job: str, ns: str, index: int, code: int, reason: str = "Error", message: str = "") -> None:
         with self.lock:
             pod = self.pod(job, ns, index)
-            started = pod["status"].get("startTime") or now_iso()
-            term = {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": now_iso()}
+            started = pod["status"].get("startTime") or self.ts()
+            term: dict[str, Any] = {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": self.ts()}
             if message:
                 term["message"] = message
             self._set_status(
@@ -124,30 +87,43 @@ class Cluster(JobController):
                 phase="Succeeded" if code == 0 else "Failed",
                 containerStatuses=[_container("trainer", pod, {"terminated": term})],
             )
-            self.processes.pop(pod["metadata"]["name"], None)
+            self._sync(self.job(job, ns))
+
+    def init_exit(self, job: str, ns: str, index: int, container: str, code: int, message: str = "") -> None:
+        """An init container fails: the pod fails before its trainer starts."""
+        with self.lock:
+            pod = self.pod(job, ns, index)
+            ts = self.ts()
+            term: dict[str, Any] = {"exitCode": code, "reason": "Error", "startedAt": ts, "finishedAt": ts}
+            if message:
+                term["message"] = message
+            waiting = {"waiting": {"reason": "PodInitializing"}}
+            self._set_status(
+                pod,
+                phase="Failed",
+                initContainerStatuses=[_container(container, pod, {"terminated": term})],
+                containerStatuses=[_container("trainer", pod, waiting)],
+            )
             self._sync(self.job(job, ns))
 
     def succeed(self, job: str, ns: str) -> None:
         for pod in self.pods(job, ns):
-            self.exit(job, ns, int(pod["metadata"]["labels"][INDEX_LABEL]), 0, "Completed")
+            if pod["status"]["phase"] in ("Pending", "Running"):
+                self.exit(job, ns, int(pod["metadata"]["labels"][INDEX_LABEL]), 0, "Completed")
 
     def oom(self, job: str, ns: str, index: int) -> None:
         self.exit(job, ns, index, 137, "OOMKilled")
 
     def evict(self, job: str, ns: str, index: int) -> None:
+        """The kubelet evicts the pod for node pressure."""
         with self.lock:
             pod = self.pod(job, ns, index)
             node = pod["spec"]["nodeName"]
             message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."
             self.event(pod, "Evicted", message, "Warning", host=node)
-            ts = now_iso()
+            ts = self.ts()
             pod["status"]["conditions"].append(
-                {
-                    "type": "DisruptionTarget",
-                    "status": "True",
-                    "reason": "TerminationByKubelet",
-                    "message": message,
-                }
+                {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": message}
             )
             term = {"exitCode": 137, "reason": "ContainerStatusUnknown", "startedAt": ts, "finishedAt": ts}
             self._set_status(
@@ -159,17 +135,45 @@ class Cluster(JobController):
             )
             self._sync(self.job(job, ns))
 
-    def lose_node(self, node: str) -> None:
-        """The node goes NotReady; the taint manager deletes its pods (the Job counts them as failed)."""
+    def api_evict(self, ns: str, name: str) -> None:
+        """The Eviction API (kubectl drain, Karpenter, a spot interruption handler): the pod is marked a
+        disruption target and deleted gracefully; its kubelet stops it (SIGTERM: exit 143) and it fails."""
         with self.lock:
-            self.not_ready.add(node)
-            for pod in self.list("pods"):
-                if pod["spec"].get("nodeName") != node:
-                    continue
-                ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-                self.event(pod, "NodeNotReady", "Node is not ready", "Warning")
-                self.event(pod, "TaintManagerEviction", f"Marking for deletion Pod {ns}/{name}")
-                self.delete("pods", ns, name)
+            pod = self.objects[("pods", ns, name)]
+            ts = self.ts()
+            pod["status"]["conditions"] = [c for c in pod["status"].get("conditions") or [] if c["type"] != "Ready"] + [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "EvictionByEvictionAPI",
+                    "message": "Eviction API: evicting",
+                    "lastTransitionTime": ts,
+                },
+                {"type": "Ready", "status": "False", "lastTransitionTime": ts},
+            ]
+            pod["metadata"]["deletionTimestamp"] = ts
+            pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
+            self.event(pod, "Killing", "Stopping container trainer", host=pod["spec"].get("nodeName"))
+            if pod["status"]["phase"] == "Running":
+                started = pod["status"].get("startTime") or ts
+                term = {"exitCode": 143, "reason": "Error", "startedAt": started, "finishedAt": ts}
+                self._set_status(
+                    pod, phase="Failed", containerStatuses=[_container("trainer", pod, {"terminated": term})]
+                )
+            job = self._job_of(pod)
+            if job is not None:
+                self._sync(job)
+
+    def drain(self, node: str, *, taint: dict[str, Any] | None = None) -> None:
+        """Cordon the node (and taint it, as Karpenter does: karpenter.sh/disrupted), then evict its pods."""
+        with self.lock:
+            obj = self.node(node)
+            obj["spec"]["unschedulable"] = True
+            if taint:
+                obj["spec"].setdefault("taints", []).append(taint)
+            for (p, ns, name), pod in list(self.objects.items()):
+                if p == "pods" and pod["spec"].get("nodeName") == node and pod["status"]["phase"] == "Running":
+                    self.api_evict(ns, name)
 
     def image_pull_error(self, job: str, ns: str, reason: str = "ImagePullBackOff") -> None:
         with self.lock:
@@ -182,19 +186,174 @@ class Cluster(JobController):
                 waiting = {"waiting": {"reason": reason, "message": message}}
                 self._set_status(pod, containerStatuses=[_container("trainer", pod, waiting)])
 
-    def exec(self, ns: str, pod_name: str, command: list[str]) -> tuple[str, int]:
-        """What running `command` in the pod prints, and its exit code (the fault script is understood)."""
+    def config_error(self, job: str, ns: str, message: str) -> None:
+        """The kubelet cannot build a container's configuration (a Secret or key that is not there)."""
         with self.lock:
-            if ("pods", ns, pod_name) not in self.objects:
-                return "pod not found", 1
-            if len(command) >= 6 and command[:2] == ["sh", "-c"] and "ftplane-fault" in command[2]:
-                signal, rank = command[4], int(command[5])
-                for pid, r in sorted(self.processes.get(pod_name, {}).items()):
-                    if r == rank:
-                        self.signals.append((pod_name, rank, signal))
-                        return f"ftplane-fault: signalled {pid}\n", 0
-                return f"ftplane-fault: no process with RANK={rank}\n", 3
-            return "", 0
+            for pod in self.pods(job, ns):
+                node = pod["spec"].get("nodeName")
+                self.event(pod, "Failed", f"Error: {message}", "Warning", host=node)
+                waiting = {"waiting": {"reason": "CreateContainerConfigError", "message": message}}
+                self._set_status(pod, containerStatuses=[_container("trainer", pod, waiting)])
+
+    def mount_failure(self, job: str, ns: str, volume: str = "checkpoints") -> None:
+        """The bound pods' volume cannot be mounted (an FSx file system the nodes cannot reach): they stay in
+        ContainerCreating while the kubelet retries and reports FailedMount."""
+        with self.lock:
+            for pod in self.pods(job, ns):
+                node = pod["spec"].get("nodeName")
+                if not node:
+                    continue
+                uid = pod["metadata"]["uid"]
+                self.event(
+                    pod,
+                    "FailedMount",
+                    f'MountVolume.SetUp failed for volume "pvc-{uid[:8]}" : rpc error: code = Internal desc = Could '
+                    'not mount "fs-0123456789abcdef0.fsx.us-west-2.amazonaws.com@tcp:/abcdefgh" at "/var/lib/kubelet/'
+                    f'pods/{uid}/volumes/kubernetes.io~csi/pvc-{uid[:8]}/mount": mount failed: exit status 5',
+                    "Warning",
+                    host=node,
+                )
+                self.event(
+                    pod,
+                    "FailedMount",
+                    f"Unable to attach or mount volumes: unmounted volumes=[{volume}], unattached volumes=[{volume} "
+                    "dshm]: timed out waiting for the condition",
+                    "Warning",
+                    host=node,
+                )
+                waiting = {"waiting": {"reason": "ContainerCreating"}}
+                self._set_status(pod, containerStatuses=[_container("trainer", pod, waiting)])
+
+    # --- nodes
+
+    def not_ready(self, node: str, *, unreachable: bool = True) -> None:
+        """The node goes NotReady (the kubelet says so) or unreachable (it stopped reporting): tainted at once."""
+        with self.lock:
+            obj = self.node(node)
+            ts = self.ts()
+            for cond in obj["status"]["conditions"]:
+                if cond["type"] == "Ready":
+                    cond.update(
+                        status="Unknown" if unreachable else "False",
+                        reason="NodeStatusUnknown" if unreachable else "KubeletNotReady",
+                        message="Kubelet stopped posting node status." if unreachable else "container runtime is down",
+                        lastTransitionTime=ts,
+                    )
+            key = NOT_READY_TAINTS["unreachable" if unreachable else "not-ready"]
+            obj["spec"]["taints"] = [
+                t for t in obj["spec"].get("taints") or [] if t["key"] not in NOT_READY_TAINTS.values()
+            ]
+            obj["spec"]["taints"] += [
+                {"key": key, "effect": "NoSchedule"},
+                {"key": key, "effect": "NoExecute", "timeAdded": ts},
+            ]
+            obj["metadata"]["resourceVersion"] = str(next(self.rv))
+            for (p, _, _), pod in list(self.objects.items()):
+                if (
+                    p == "pods"
+                    and pod["spec"].get("nodeName") == node
+                    and pod["status"]["phase"] in ("Pending", "Running")
+                ):
+                    pod["status"]["conditions"] = [
+                        c for c in pod["status"].get("conditions") or [] if c["type"] != "Ready"
+                    ]
+                    pod["status"]["conditions"].append({"type": "Ready", "status": "False", "lastTransitionTime": ts})
+                    self.event(pod, "NodeNotReady", "Node is not ready", "Warning", component="node-controller")
+            self._tick()
+
+    def ready(self, node: str) -> None:
+        """The node is back."""
+        with self.lock:
+            obj = self.node(node)
+            for cond in obj["status"]["conditions"]:
+                if cond["type"] == "Ready":
+                    cond.update(
+                        status="True",
+                        reason="KubeletReady",
+                        message="kubelet is posting ready status",
+                        lastTransitionTime=self.ts(),
+                    )
+            obj["spec"]["taints"] = [
+                t for t in obj["spec"].get("taints") or [] if t["key"] not in NOT_READY_TAINTS.values()
+            ]
+
+    def set_condition(self, node: str, kind: str, status: str, reason: str, message: str) -> None:
+        with self.lock:
+            obj = self.node(node)
+            for cond in obj["status"]["conditions"]:
+                if cond["type"] == kind:
+                    cond.update(status=status, reason=reason, message=message, lastTransitionTime=self.ts())
+                    break
+            else:
+                obj["status"]["conditions"].append(
+                    {
+                        "type": kind,
+                        "status": status,
+                        "reason": reason,
+                        "message": message,
+                        "lastTransitionTime": self.ts(),
+                    }
+                )
+            obj["metadata"]["resourceVersion"] = str(next(self.rv))
+
+    def _tick(self) -> None:
+        """The taint manager: pods whose toleration of a node's NoExecute taint ran out are marked for deletion.
+        Their node's kubelet cannot confirm it, so they stay Terminating."""
+        super()._tick()
+        now = self.now()
+        for node in [self.node(n) for n in self.nodes]:
+            for taint in node["spec"].get("taints") or []:
+                if taint["effect"] != "NoExecute":
+                    continue
+                added = datetime.fromisoformat(taint.get("timeAdded", self.ts()).replace("Z", "+00:00"))
+                for (p, _, _), pod in list(self.objects.items()):
+                    if p != "pods" or pod["spec"].get("nodeName") != node["metadata"]["name"]:
+                        continue
+                    if pod["metadata"].get("deletionTimestamp") or pod["status"]["phase"] not in ("Pending", "Running"):
+                        continue
+                    seconds = _toleration_seconds(pod, taint)
+                    if seconds is not None and now >= added + timedelta(seconds=seconds):
+                        self._taint_evict(pod, added + timedelta(seconds=seconds))
+
+    def _taint_evict(self, pod: dict[str, Any], at: datetime) -> None:
+        ts = iso(at)
+        pod["status"]["conditions"].append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "DeletionByTaintManager",
+                "message": "Taint manager: deleting due to NoExecute taint",
+                "lastTransitionTime": ts,
+            }
+        )
+        pod["metadata"]["deletionTimestamp"] = ts
+        pod["metadata"]["resourceVersion"] = str(next(self.rv))
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        self.event(
+            pod, "TaintManagerEviction", f"Marking for deletion Pod {ns}/{name}", component="taint-eviction-controller"
+        )
+
+    def lose_node(self, node: str) -> None:
+        """The quick form: the node goes NotReady and its pods are deleted at once (the Job counts them as failed)."""
+        with self.lock:
+            self.not_ready(node)
+            for pod in self.list("pods"):
+                if pod["spec"].get("nodeName") != node:
+                    continue
+                ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+                self.event(pod, "TaintManagerEviction", f"Marking for deletion Pod {ns}/{name}")
+                if ("pods", ns, name) in self.objects:
+                    self.delete("pods", ns, name)
+
+
+def _toleration_seconds(pod: dict[str, Any], taint: dict[str, Any]) -> float | None:
+    """How long the pod tolerates the NoExecute taint: None for ever, 0 not at all."""
+    for t in pod["spec"].get("tolerations") or []:
+        if t.get("effect") not in (None, "NoExecute"):
+            continue
+        if (t.get("operator") == "Exists" and t.get("key") in (None, taint["key"])) or t.get("key") == taint["key"]:
+            return t.get("tolerationSeconds")
+    return DEFAULT_TOLERATION_S if taint["key"] in NOT_READY_TAINTS.values() else 0
 
 
 def _container(name: str, pod: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
@@ -209,14 +368,3 @@ def _container(name: str, pod: dict[str, Any], state: dict[str, Any]) -> dict[st
         "restartCount": 0,
         "state": state,
     }
-
-
-def _excluded_nodes(pod: dict[str, Any]) -> set[str]:
-    affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
-    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    out: set[str] = set()
-    for term in required.get("nodeSelectorTerms") or []:
-        for expr in term.get("matchExpressions") or []:
-            if expr["key"] == "kubernetes.io/hostname" and expr["operator"] == "NotIn":
-                out.update(expr["values"])
-    return out

@@ -1,81 +1,156 @@
-"""The fake's Job controller: one pod per completion index, and the Job's end as `backoffLimit` decides it.
+"""The fake's Job controller: pods per completion index, and the Job's end as its failure policy decides it.
 
-Pods are named `<job>-<index>-<random>`, labelled and annotated with their
-completion index, owned by the Job. Any failure beyond the backoff limit (a
-failed pod, or an active pod deleted) fails the Job and removes its active pods;
-all indexes succeeded completes it.
+Pods are named `<job>-<index>-<random>`, labelled and annotated with their completion index, owned by
+the Job. A suspended Job has no pods (suspending one removes its active pods, resuming creates them).
+A pod that fails is judged by the Job's `podFailurePolicy` (rules in order: `onExitCodes` on a named or
+any container, init containers too, exit code 0 never matching; `onPodConditions`), with the actions
+FailJob, FailIndex (needs `backoffLimitPerIndex`), Ignore (the pod is replaced, nothing is counted) and
+Count; a failure no rule matches counts. Counted failures fail the Job past `backoffLimit`, or, with
+`backoffLimitPerIndex`, fail the index past it; more failed indexes than `maxFailedIndexes` fail the Job
+at once, and a Job whose indexes all ended with some failed fails with FailedIndexes. A pod deleted
+while active counts as a failure. All indexes succeeded completes the Job.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fake_kubernetes.store import Store, now_iso, suffix
+from tests.fake_kubernetes.store import Store, suffix
 
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
+@dataclass
+class _JobState:
+    counted: set[str] = field(default_factory=set)  # uids of pod failures already judged
+    failed: int = 0  # failures counted against backoffLimit
+    failed_pods: int = 0  # status.failed: every failed pod not ignored
+    index_failures: dict[int, int] = field(default_factory=dict)
+    failed_indexes: set[int] = field(default_factory=set)
+    succeeded: set[int] = field(default_factory=set)
+
+
+def _index(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["labels"][INDEX_LABEL])
+
+
+def _terminated(pod: dict[str, Any]) -> list[tuple[str, int]]:
+    """(container name, exit code) of every container and init container that terminated."""
+    status = pod.get("status", {})
+    out = []
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None:
+            out.append((cs["name"], int(term.get("exitCode", 0))))
+    return out
+
+
 class JobController(Store):
-    """The store, with the Job controller reacting to Jobs created and pods deleted."""
+    """The store, with the Job controller reacting to Jobs created, suspended or resumed, and pods deleted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._jobs: dict[str, _JobState] = {}
 
     def _created(self, plural: str, obj: dict[str, Any]) -> None:
         super()._created(plural, obj)
         if plural == "jobs":
-            self._job_created(obj)
+            self._jobs[obj["metadata"]["uid"]] = _JobState()
+            if obj["spec"].get("suspend"):
+                self._set_suspended(obj, True)
+            else:
+                obj["status"]["startTime"] = self.ts()
+                self._create_pods(obj)
+            self._sync(obj)
+
+    def _updated(self, plural: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        super()._updated(plural, old, new)
+        if plural == "jobs" and bool(old["spec"].get("suspend")) != bool(new["spec"].get("suspend")):
+            if new["spec"].get("suspend"):
+                for pod in self._pods_of(new):
+                    if pod["status"]["phase"] in ("Pending", "Running"):
+                        self.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], by_user=False)
+                self._set_suspended(new, True)
+            else:
+                self._set_suspended(new, False)
+                new["status"]["startTime"] = self.ts()
+                self._create_pods(new)
+            self._sync(new)
 
     def _deleted(self, plural: str, obj: dict[str, Any], by_user: bool) -> None:
         super()._deleted(plural, obj, by_user)
         if plural == "pods" and by_user:
             self._pod_deleted(obj)
 
-    def _job_created(self, job: dict[str, Any]) -> None:
+    def _set_suspended(self, job: dict[str, Any], suspended: bool) -> None:
+        conditions = [c for c in job["status"].get("conditions") or [] if c["type"] != "Suspended"]
+        reason, message = ("JobSuspended", "Job suspended") if suspended else ("JobResumed", "Job resumed")
+        conditions.append(
+            {
+                "type": "Suspended",
+                "status": "True" if suspended else "False",
+                "reason": reason,
+                "message": message,
+                "lastProbeTime": self.ts(),
+                "lastTransitionTime": self.ts(),
+            }
+        )
+        job["status"]["conditions"] = conditions
+        self.event(job, "Suspended" if suspended else "Resumed", message)
+
+    def _create_pods(self, job: dict[str, Any], indexes: list[int] | None = None) -> None:
+        if indexes is None:
+            indexes = list(range(job["spec"].get("completions") or 1))
+        for index in indexes:
+            self._create_pod(job, index)
+
+    def _create_pod(self, job: dict[str, Any], index: int) -> None:
         template = job["spec"]["template"]
         name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
-        for index in range(job["spec"].get("completions") or 1):
-            labels = dict(template["metadata"].get("labels") or {})
-            labels.update(
-                {
-                    "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
-                    "batch.kubernetes.io/job-name": name,
-                    "controller-uid": job["metadata"]["uid"],
-                    "job-name": name,
-                    INDEX_LABEL: str(index),
-                }
-            )
-            annotations = dict(template["metadata"].get("annotations") or {})
-            annotations[INDEX_LABEL] = str(index)
-            spec = copy.deepcopy(template["spec"])
-            spec["hostname"] = f"{name}-{index}"
-            for c in spec["containers"]:
-                c.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "value": str(index)})
-            pod = {
-                "metadata": {
-                    "name": f"{name}-{index}-{suffix()}",
-                    "labels": labels,
-                    "annotations": annotations,
-                    "finalizers": ["batch.kubernetes.io/job-tracking"],
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "batch/v1",
-                            "kind": "Job",
-                            "name": name,
-                            "uid": job["metadata"]["uid"],
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
-                    ],
-                },
-                "spec": spec,
+        labels = dict(template["metadata"].get("labels") or {})
+        labels.update(
+            {
+                "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
+                "batch.kubernetes.io/job-name": name,
+                "controller-uid": job["metadata"]["uid"],
+                "job-name": name,
+                INDEX_LABEL: str(index),
             }
-            created = self.create("pods", ns, pod)
-            self.objects[("pods", ns, created["metadata"]["name"])]["status"] = {
-                "phase": "Pending",
-                "conditions": [],
-                "qosClass": "Burstable",
-            }
-            self.event(job, "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
-        self._sync(job)
+        )
+        annotations = dict(template["metadata"].get("annotations") or {})
+        annotations[INDEX_LABEL] = str(index)
+        spec = copy.deepcopy(template["spec"])
+        spec["hostname"] = f"{name}-{index}"
+        for c in spec["containers"]:
+            c.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "value": str(index)})
+        pod = {
+            "metadata": {
+                "name": f"{name}-{index}-{suffix()}",
+                "labels": labels,
+                "annotations": annotations,
+                "finalizers": ["batch.kubernetes.io/job-tracking"],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": name,
+                        "uid": job["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": spec,
+        }
+        created = self.create("pods", ns, pod)
+        self.objects[("pods", ns, created["metadata"]["name"])]["status"] = {
+            "phase": "Pending",
+            "conditions": [],
+            "qosClass": "Burstable",
+        }
+        self.event(job, "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
 
     def _pods_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         uid = job["metadata"]["uid"]
@@ -85,51 +160,125 @@ class JobController(Store):
                 for (p, _, _), o in self.objects.items()
                 if p == "pods" and uid in {r.get("uid") for r in o["metadata"].get("ownerReferences") or []}
             ),
-            key=lambda o: int(o["metadata"]["labels"][INDEX_LABEL]),
+            key=lambda o: (_index(o), o["metadata"]["creationTimestamp"]),
         )
 
-    def _sync(self, job: dict[str, Any]) -> None:
-        """Job controller, backoffLimit semantics: any failure beyond the limit fails the Job."""
+    # --- the failure policy
+
+    def _judge(self, job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str]:
+        """(action, why) for a failed pod: the first matching podFailurePolicy rule's action, else Count."""
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        for i, rule in enumerate((job["spec"].get("podFailurePolicy") or {}).get("rules") or []):
+            codes = rule.get("onExitCodes")
+            if codes:
+                for container, code in _terminated(pod):
+                    if code == 0 or codes.get("containerName") not in (None, container):
+                        continue
+                    if (code in codes["values"]) == (codes["operator"] == "In"):
+                        return rule["action"], (
+                            f"Container {container} for pod {ns}/{name} failed with exit code {code} matching "
+                            f"{rule['action']} rule at index {i}"
+                        )
+            for want in rule.get("onPodConditions") or []:
+                for cond in pod["status"].get("conditions") or []:
+                    if cond["type"] == want["type"] and cond.get("status") == want.get("status", "True"):
+                        return rule["action"], (
+                            f"Pod {ns}/{name} has condition {want['type']} matching {rule['action']} rule at index {i}"
+                        )
+        return "Count", ""
+
+    def _fail_job(self, job: dict[str, Any], reason: str, message: str) -> None:
+        ts = self.ts()
         status = job["status"]
-        if any(c["type"] in ("Complete", "Failed") for c in status.get("conditions") or []):
+        kept = [c for c in status.get("conditions") or [] if c["type"] == "Suspended"]
+        status["conditions"] = kept + [
+            {
+                "type": t,
+                "status": "True",
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": ts,
+                "lastProbeTime": ts,
+            }
+            for t in ("FailureTarget", "Failed")
+        ]
+        self.event(job, reason, message, "Warning")
+        for pod in self._pods_of(job):  # the controller removes what is still active
+            if pod["status"]["phase"] in ("Pending", "Running") and not pod["metadata"].get("deletionTimestamp"):
+                self.event(pod, "Killing", "Stopping container trainer", host=pod["spec"].get("nodeName"))
+                self.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], by_user=False)
+        status["active"] = 0
+
+    def _sync(self, job: dict[str, Any]) -> None:
+        """Judge new pod failures, replace what the policy retries, and end the Job when it is over."""
+        status = job["status"]
+        if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in status.get("conditions") or []):
             return
-        pods = self._pods_of(job)
-        phases = [p["status"]["phase"] for p in pods]
-        failed = phases.count("Failed") + status.get("deletedActive", 0)
+        state = self._jobs.setdefault(job["metadata"]["uid"], _JobState())
+        spec = job["spec"]
+        per_index = spec.get("backoffLimitPerIndex")
+        for pod in self._pods_of(job):
+            uid = pod["metadata"]["uid"]
+            if pod["status"]["phase"] == "Succeeded":
+                state.succeeded.add(_index(pod))
+            if pod["status"]["phase"] != "Failed" or uid in state.counted:
+                continue
+            state.counted.add(uid)
+            action, why = self._judge(job, pod)
+            index = _index(pod)
+            if action != "Ignore":
+                state.failed_pods += 1
+            if action == "FailJob":
+                self._fail_job(job, "PodFailurePolicy", why)
+                break
+            if action == "Ignore":
+                self._create_pod(job, index)
+                continue
+            if action == "FailIndex" or (per_index is not None and state.index_failures.get(index, 0) + 1 > per_index):
+                state.failed_indexes.add(index)
+                state.index_failures[index] = state.index_failures.get(index, 0) + 1
+                continue
+            state.failed += 1
+            if per_index is not None:
+                state.index_failures[index] = state.index_failures.get(index, 0) + 1
+                self._create_pod(job, index)
+            elif state.failed > spec.get("backoffLimit", 6):
+                self._fail_job(job, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+                break
+            else:
+                self._create_pod(job, index)
+        self._update_status(job, state)
+
+    def _update_status(self, job: dict[str, Any], state: _JobState) -> None:
+        status = job["status"]
+        spec = job["spec"]
+        phases = [p["status"]["phase"] for p in self._pods_of(job)]
         status.update(
             active=sum(ph in ("Pending", "Running") for ph in phases),
-            succeeded=phases.count("Succeeded"),
-            failed=failed,
+            succeeded=len(state.succeeded),
+            failed=state.failed_pods,
             ready=phases.count("Running"),
         )
-        if failed > job["spec"].get("backoffLimit", 6):
-            ts = now_iso()
-            message = "Job has reached the specified backoff limit"
-            status["conditions"] = [
-                {
-                    "type": "FailureTarget",
-                    "status": "True",
-                    "reason": "BackoffLimitExceeded",
-                    "message": message,
-                },
-                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": message},
-            ]
-            for c in status["conditions"]:
-                c["lastTransitionTime"] = c["lastProbeTime"] = ts
-            self.event(job, "BackoffLimitExceeded", message, "Warning")
-            for pod in pods:  # the controller removes what is still active
-                if pod["status"]["phase"] in ("Pending", "Running"):
-                    self.event(pod, "Killing", "Stopping container trainer", host=pod["spec"].get("nodeName"))
-                    self.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], by_user=False)
-            status["active"] = 0
-        elif len(pods) == job["spec"]["completions"] and all(ph == "Succeeded" for ph in phases):
-            ts = now_iso()
-            status["conditions"] = [
+        if state.failed_indexes:
+            status["failedIndexes"] = ",".join(str(i) for i in sorted(state.failed_indexes))
+        if any(c["type"] == "Failed" for c in status.get("conditions") or []):
+            return
+        max_failed = spec.get("maxFailedIndexes")
+        completions = spec.get("completions") or 1
+        if max_failed is not None and len(state.failed_indexes) > max_failed:
+            self._fail_job(
+                job, "MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes"
+            )
+        elif len(state.succeeded | state.failed_indexes) >= completions and state.failed_indexes:
+            self._fail_job(job, "FailedIndexes", "Job has failed indexes")
+        elif len(state.succeeded) >= completions:
+            ts = self.ts()
+            status["conditions"] = [c for c in status.get("conditions") or [] if c["type"] == "Suspended"] + [
                 {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": ts},
                 {"type": "Complete", "status": "True", "lastTransitionTime": ts},
             ]
             status["completionTime"] = ts
-            status["completedIndexes"] = f"0-{len(pods) - 1}" if len(pods) > 1 else "0"
+            status["completedIndexes"] = f"0-{completions - 1}" if completions > 1 else "0"
             self.event(job, "Completed", "Job completed")
 
     def _pod_deleted(self, pod: dict[str, Any]) -> None:
@@ -137,19 +286,26 @@ class JobController(Store):
             return
         for ref in pod["metadata"].get("ownerReferences") or []:
             job = self.objects.get(("jobs", pod["metadata"]["namespace"], ref["name"]))
-            if job and job["metadata"]["uid"] == ref["uid"]:
-                job["status"]["deletedActive"] = job["status"].get("deletedActive", 0) + 1
-                self._sync(job)
+            if job and job["metadata"]["uid"] == ref["uid"] and not job["spec"].get("suspend"):
+                state = self._jobs.setdefault(job["metadata"]["uid"], _JobState())
+                state.failed += 1
+                state.failed_pods += 1
+                if (
+                    state.failed > job["spec"].get("backoffLimit", 6)
+                    and job["spec"].get("backoffLimitPerIndex") is None
+                ):
+                    self._fail_job(job, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+                self._update_status(job, state)
 
     # --- reading what the controller made
 
     def job(self, name: str, ns: str) -> dict[str, Any]:
-        obj = self.objects[("jobs", ns, name)]
-        return obj
+        return self.objects[("jobs", ns, name)]
 
     def pods(self, job: str, ns: str) -> list[dict[str, Any]]:
         with self.lock:
             return self._pods_of(self.job(job, ns))
 
     def pod(self, job: str, ns: str, index: int) -> dict[str, Any]:
-        return next(p for p in self.pods(job, ns) if p["metadata"]["labels"][INDEX_LABEL] == str(index))
+        """The newest pod of a completion index."""
+        return [p for p in self.pods(job, ns) if _index(p) == index][-1]

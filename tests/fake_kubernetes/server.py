@@ -1,9 +1,11 @@
 """The fake Kubernetes API served over HTTP in-process, for the real `kubernetes` client: `FakeKube`.
 
-Routes the core/v1 and batch/v1 paths the backend uses to the store (GET, list
-with label and field selectors, POST, PUT, PATCH, DELETE) and exec to a
-WebSocket. Tests inject API errors or delays on chosen calls (`fail`, `delay`)
-and read every request back from `requests`.
+Routes the paths the backend uses to the store: core/v1 pods (and their `eviction` subresource),
+services, secrets and events in a namespace, nodes (cluster-scoped), batch/v1 jobs, and Kueue's
+workloads; GET, list (label and field selectors, `resourceVersion` accepted), POST, PUT, PATCH, DELETE.
+What a real API server refuses is refused with the same `Status` (`validation`): 400/422, never a
+dropped connection. Tests inject API errors or delays on chosen calls (`fail`, `delay`) and read every
+request back from `requests`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -21,12 +22,14 @@ from urllib.parse import parse_qs, urlparse
 
 from kubernetes import client as k8s_client
 
-from tests.fake_kubernetes.cluster import Cluster
-from tests.fake_kubernetes.store import KINDS, ApiError, match_fields
-from tests.fake_kubernetes.websocket import answer_exec
+from tests.fake_kubernetes.errors import ApiError
+from tests.fake_kubernetes.kueue import Kueue
+from tests.fake_kubernetes.store import KINDS, match_fields
 
-CORE = re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|services|secrets|events)(?:/([^/]+))?(?:/(exec|log))?$")
+CORE = re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|services|secrets|events)(?:/([^/]+))?(?:/(eviction|status))?$")
+NODES = re.compile(r"^/api/v1/(nodes)(?:/([^/]+))?$")
 BATCH = re.compile(r"^/apis/batch/v1/namespaces/([^/]+)/(jobs)(?:/([^/]+))?$")
+KUEUE = re.compile(r"^/apis/kueue\.x-k8s\.io/v1beta1/namespaces/([^/]+)/(workloads)(?:/([^/]+))?$")
 REASONS = {
     404: "NotFound",
     409: "AlreadyExists",
@@ -59,16 +62,11 @@ class Request:
     status: int = 0
 
 
-class FakeKube(Cluster):
+class FakeKube(Kueue):
     """A small, stateful Kubernetes API: the fake cluster behind an HTTP server on a free local port."""
 
-    def __init__(
-        self,
-        nodes: list[str] | None = None,
-        validate: Callable[[dict[str, Any]], None] | None = None,  # called on every created object
-    ) -> None:
+    def __init__(self, nodes: list[str] | None = None) -> None:
         super().__init__(nodes)
-        self.validate = validate
         self.rules: list[Rule] = []
         self.requests: list[Request] = []
         self.server: ThreadingHTTPServer | None = None
@@ -133,18 +131,6 @@ class FakeKube(Cluster):
         return None
 
 
-def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-
-
 def _first(query: dict[str, list[str]], key: str) -> str | None:
     values = query.get(key)
     return values[0] if values else None
@@ -174,9 +160,14 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(url.query)
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
-        record = Request(method, url.path, query, body)
+        record = Request(method, url.path, query, None)
         self.kube.requests.append(record)
+        try:
+            record.body = json.loads(raw) if raw else None
+        except ValueError as exc:
+            record.status = 400
+            self._send(400, ApiError(400, "BadRequest", f"the body is not JSON: {exc}").status())
+            return
         rule = self.kube._rule_for(method, url.path)
         if rule is not None:
             if rule.delay and not rule.after:
@@ -184,36 +175,43 @@ class _Handler(BaseHTTPRequestHandler):
             if rule.status:
                 record.status = rule.status
                 headers = {"Retry-After": str(rule.retry_after)} if rule.retry_after is not None else {}
-                reason = REASONS.get(rule.status, "InternalError")
+                error = ApiError(rule.status, REASONS.get(rule.status, "InternalError"), f"injected {rule.status}")
                 with contextlib.suppress(OSError):
-                    self._send(rule.status, _status(rule.status, reason, f"injected {rule.status}"), headers)
+                    self._send(rule.status, error.status(), headers)
                 return
         try:
-            code, out = self._route(method, url.path, query, body)
+            code, out = self._route(method, url.path, query, record.body)
         except ApiError as exc:
-            code, out = exc.code, _status(exc.code, exc.reason, exc.message)
+            code, out = exc.code, exc.status()
         record.status = code
         if rule is not None and rule.after:
             time.sleep(rule.delay)
         try:
-            if code == 101:
-                return
             self._send(code, out)
         except OSError:  # the client gave up (an injected delay): nothing to answer
             self.close_connection = True
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         kube = self.kube
-        m = CORE.match(path) or BATCH.match(path)
-        if not m:
-            return 404, _status(404, "NotFound", f"the fake has no route for {path}")
-        ns, plural, name = m.group(1), m.group(2), m.group(3)
-        sub = m.group(4) if m.re is CORE else None
+        sub = None
+        if m := CORE.match(path):
+            ns, plural, name, sub = m.group(1), m.group(2), m.group(3), m.group(4)
+        elif m := NODES.match(path):
+            ns, plural, name = "", m.group(1), m.group(2)
+        elif m := BATCH.match(path) or KUEUE.match(path):
+            ns, plural, name = m.group(1), m.group(2), m.group(3)
+        else:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        if plural == "workloads" and not kube.kueue_installed:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         kind, api_version = KINDS[plural]
-        if sub == "exec":
-            output, code = kube.exec(ns, name, query.get("command", []))
-            answer_exec(self, output, code)
-            return 101, None
+        if sub == "eviction":
+            if method != "POST":
+                raise ApiError(405, "MethodNotAllowed", method)
+            if kube.get(plural, ns, name) is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found')
+            kube.api_evict(ns, name)
+            return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         if method == "GET" and name:
             obj = kube.get(plural, ns, name)
             if obj is None:
@@ -222,19 +220,19 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             items = [
                 o
-                for o in kube.list(plural, ns, _first(query, "labelSelector"))
+                for o in kube.list(plural, ns or None, _first(query, "labelSelector"))
                 if match_fields(_first(query, "fieldSelector"), o)
             ]
             meta = {"resourceVersion": str(next(kube.rv))}
             return 200, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": items}
         if method == "POST":
-            if kube.validate:
-                kube.validate(body)
-            return 201, kube.create(plural, ns, body)
+            return 201, kube.create(plural, ns, body or {}, validate=True)
         if method == "PUT":
-            return 200, kube.replace(plural, ns, name, body)
+            return 200, kube.replace(plural, ns, name, body or {}, validate=True)
         if method == "PATCH":
-            return 200, kube.patch(plural, ns, name, body)
+            if not isinstance(body, dict):
+                raise ApiError(415, "UnsupportedMediaType", "the fake applies merge patches (a JSON object) only")
+            return 200, kube.patch(plural, ns, name, body, validate=True)
         if method == "DELETE":
             opts = body or {}
             policy = opts.get("propagationPolicy") or _first(query, "propagationPolicy")
@@ -243,7 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return 200, obj
             details = {"name": name, "kind": plural, "uid": obj["metadata"]["uid"]}
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": details}
-        return 405, _status(405, "MethodNotAllowed", method)
+        raise ApiError(405, "MethodNotAllowed", method)
 
     def do_GET(self) -> None:
         self._handle("GET")

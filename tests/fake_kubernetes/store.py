@@ -1,9 +1,13 @@
-"""The fake API server's object store: Jobs, Pods, Services, Secrets and Events by kind, namespace and name.
+"""The fake API server's object store: objects by kind, namespace ("" for cluster-scoped Nodes) and name.
 
-Objects get a uid, a resourceVersion and a creationTimestamp; lists honour label
-selectors (and field selectors, applied by the server); deletes cascade through
-ownerReferences. Subclasses react to what happens here through two hooks,
-`_created` and `_deleted` (the Job controller does).
+Objects get a uid, a resourceVersion and a creationTimestamp; lists honour label selectors (and field
+selectors, applied by the server); deletes cascade through ownerReferences. What comes through the API
+(`validate=True`) is checked as a 1.33 API server checks it (`validation`): schema, names, labels,
+immutable fields, and a stale resourceVersion on an update is 409 Conflict.
+
+Time is the store's clock: real time plus `offset` seconds (`advance` moves it), so tests can let a
+node stay NotReady past a toleration without waiting. Subclasses react to what happens here through two
+hooks, `_created` and `_deleted` (the Job controller does).
 """
 
 from __future__ import annotations
@@ -16,20 +20,26 @@ import re
 import string
 import threading
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from tests.fake_kubernetes import validation
+from tests.fake_kubernetes.errors import ApiError
 
 KINDS = {
     "pods": ("Pod", "v1"),
     "services": ("Service", "v1"),
     "secrets": ("Secret", "v1"),
     "events": ("Event", "v1"),
+    "nodes": ("Node", "v1"),
     "jobs": ("Job", "batch/v1"),
+    "workloads": ("Workload", "kueue.x-k8s.io/v1beta1"),
 }
+CLUSTER_SCOPED = frozenset({"nodes"})
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+def iso(ts: datetime) -> str:
+    return ts.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -96,16 +106,10 @@ def match_fields(selector: str | None, obj: dict[str, Any]) -> bool:
         cur: Any = obj
         for part in path.strip().split("."):
             cur = cur.get(part) if isinstance(cur, dict) else None
-        actual = "" if cur is None else str(cur)
+        actual = "" if cur is None else str(cur).lower() if isinstance(cur, bool) else str(cur)
         if (actual == value.strip()) == negate:
             return False
     return True
-
-
-class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
 
 
 def labels_of(obj: dict[str, Any]) -> dict[str, str]:
@@ -124,6 +128,24 @@ class Store:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.lock = threading.RLock()
         self.rv = itertools.count(1000)
+        self.offset = 0.0  # seconds the fake clock is ahead of real time
+
+    # --- the clock
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.offset)
+
+    def ts(self) -> str:
+        return iso(self.now())
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock; what is due by then happens (`_tick`)."""
+        with self.lock:
+            self.offset += seconds
+            self._tick()
+
+    def _tick(self) -> None:
+        """Called, under the lock, after the clock moved."""
 
     # --- hooks for what builds on the store
 
@@ -132,6 +154,9 @@ class Store:
 
     def _deleted(self, plural: str, obj: dict[str, Any], by_user: bool) -> None:
         """Called, under the lock, after an object and its dependents were removed."""
+
+    def _updated(self, plural: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Called, under the lock, after an object was replaced or patched."""
 
     # --- the API's verbs
 
@@ -149,7 +174,7 @@ class Store:
             ]
         return out
 
-    def create(self, plural: str, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    def create(self, plural: str, ns: str, body: dict[str, Any], *, validate: bool = False) -> dict[str, Any]:
         kind, api_version = KINDS[plural]
         obj = copy.deepcopy(body)
         obj.setdefault("kind", kind)
@@ -157,15 +182,26 @@ class Store:
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + suffix()
-        meta["namespace"] = ns
-        meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self.rv)), creationTimestamp=now_iso())
+        if validate:
+            if meta.get("namespace") not in (None, ns):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
+            validation.check(obj)
+        if plural in CLUSTER_SCOPED:
+            ns = ""
+        else:
+            meta["namespace"] = ns
+        meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self.rv)), creationTimestamp=self.ts())
         if plural == "secrets" and "stringData" in obj:
             data = obj.setdefault("data", {})
             for key, value in obj.pop("stringData").items():
                 data[key] = base64.b64encode(value.encode()).decode()
         if plural == "jobs":
             meta["generation"] = 1
-            obj["status"] = {"active": 0, "startTime": now_iso(), "uncountedTerminatedPods": {}, "ready": 0}
+            obj["status"] = {"active": 0, "uncountedTerminatedPods": {}, "ready": 0}
         with self.lock:
             key = (plural, ns, meta["name"])
             if key in self.objects:
@@ -180,26 +216,63 @@ class Store:
             raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
         return old
 
-    def replace(self, plural: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _store_update(
+        self, plural: str, ns: str, name: str, old: dict[str, Any], obj: dict[str, Any], validate: bool
+    ) -> dict[str, Any]:
+        meta = obj.setdefault("metadata", {})
+        if validate:
+            if meta.get("name") not in (None, name):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})",
+                )
+            sent = meta.get("resourceVersion")
+            if sent and sent != old["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again",
+                )
+        for key in ("uid", "creationTimestamp", "namespace", "name", "generation"):
+            if key in old["metadata"]:
+                meta[key] = old["metadata"][key]
+        obj.setdefault("kind", old.get("kind"))
+        obj.setdefault("apiVersion", old.get("apiVersion"))
+        if "status" in old and "status" not in obj:
+            obj["status"] = copy.deepcopy(old["status"])  # status is written through its subresource
+        if validate:
+            validation.check(obj)
+            validation.check_update(plural, old, obj)
+        meta["resourceVersion"] = str(next(self.rv))
+        self.objects[(plural, ns, name)] = obj
+        self._updated(plural, old, obj)
+        return copy.deepcopy(obj)
+
+    def replace(
+        self, plural: str, ns: str, name: str, body: dict[str, Any], *, validate: bool = False
+    ) -> dict[str, Any]:
         with self.lock:
+            ns = "" if plural in CLUSTER_SCOPED else ns
             old = self._stored(plural, ns, name)
             obj = copy.deepcopy(body)
-            meta = obj.setdefault("metadata", {})
-            for key in ("uid", "creationTimestamp", "namespace"):
-                meta[key] = old["metadata"][key]
-            meta["resourceVersion"] = str(next(self.rv))
             if plural == "secrets" and "stringData" in obj:
                 plain = obj.pop("stringData")
                 obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in plain.items()}
-            self.objects[(plural, ns, name)] = obj
-            return copy.deepcopy(obj)
+            return self._store_update(plural, ns, name, old, obj, validate)
 
-    def patch(self, plural: str, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def patch(
+        self, plural: str, ns: str, name: str, patch: dict[str, Any], *, validate: bool = False
+    ) -> dict[str, Any]:
         with self.lock:
-            obj = merge_patch(self._stored(plural, ns, name), patch)
-            obj["metadata"]["resourceVersion"] = str(next(self.rv))
-            self.objects[(plural, ns, name)] = obj
-            return copy.deepcopy(obj)
+            ns = "" if plural in CLUSTER_SCOPED else ns
+            old = self._stored(plural, ns, name)
+            obj = merge_patch(copy.deepcopy(old), patch)
+            obj.setdefault("metadata", {}).pop("resourceVersion", None)
+            if validate and (patch.get("metadata") or {}).get("resourceVersion"):
+                obj["metadata"]["resourceVersion"] = patch["metadata"]["resourceVersion"]
+            return self._store_update(plural, ns, name, old, obj, validate)
 
     def delete(
         self,
@@ -211,6 +284,7 @@ class Store:
         by_user: bool = True,
     ) -> dict[str, Any]:
         with self.lock:
+            ns = "" if plural in CLUSTER_SCOPED else ns
             obj = self.objects.pop((plural, ns, name), None)
             if obj is None:
                 raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
@@ -218,7 +292,7 @@ class Store:
             if policy != "Orphan":
                 for (p, n, nm), dep in list(self.objects.items()):
                     owners = dep["metadata"].get("ownerReferences") or []
-                    if n == ns and any(o.get("uid") == uid for o in owners):
+                    if n == ns and any(o.get("uid") == uid for o in owners) and (p, n, nm) in self.objects:
                         self.delete(p, n, nm, policy, by_user=False)
             self._deleted(plural, obj, by_user)
             return obj
@@ -231,17 +305,19 @@ class Store:
         type_: str = "Normal",
         *,
         host: str | None = None,
+        component: str = "fake-controller",
     ) -> None:
         """Record an Event about `obj`, as a controller (or, with `host`, a node's kubelet) would."""
         meta = obj["metadata"]
-        ts = now_iso()
-        source = {"component": "kubelet", "host": host} if host else {"component": "fake-controller"}
+        ts = self.ts()
+        source = {"component": "kubelet", "host": host} if host else {"component": component}
+        namespace = meta.get("namespace") or "default"
         ev = {
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}"},
             "involvedObject": {
                 "kind": obj.get("kind") or ("Pod" if "hostname" in obj.get("spec", {}) else "Job"),
                 "name": meta["name"],
-                "namespace": meta["namespace"],
+                "namespace": namespace,
                 "uid": meta["uid"],
                 "apiVersion": obj.get("apiVersion", "v1"),
             },
@@ -254,4 +330,4 @@ class Store:
             "count": 1,
             "reportingComponent": source["component"],
         }
-        self.create("events", meta["namespace"], ev)
+        self.create("events", namespace, ev)

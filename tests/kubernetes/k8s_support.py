@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubernetes_validate.utils import latest_version, validate
+from kubernetes_validate.utils import validate
 
 from api.schemas.spec import JobSpec
 from tests.fake_kubernetes import FakeKube, Request
@@ -13,14 +13,14 @@ from workers.backends.base import LaunchRequest
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.kubernetes import manifests as m
 
-K8S_VERSION = latest_version()
+K8S_VERSION = "1.33"  # the EKS version of deploy/eks/cluster.yaml
 TOKEN = "ftp_trainer_s3cr3t-token-value"
 JOB_ID = "3f2a9c1e5b7d4a2f8c3e5d7b9a1c2e4f"
 NS = "training"
 
 
 def validate_strict(obj: dict[str, Any]) -> None:
-    """Schema of the newest Kubernetes that kubernetes-validate knows; unknown fields fail."""
+    """Schema of Kubernetes 1.33 (what deploy/eks runs); unknown fields fail."""
     validate(obj, K8S_VERSION, strict=True)
 
 
@@ -58,7 +58,7 @@ def make_request(
 SPEC = make_spec()
 A0 = m.attempt_name(JOB_ID, SPEC.name, 0)
 A1 = m.attempt_name(JOB_ID, SPEC.name, 1)
-SECRET = m.secret_name(JOB_ID, SPEC.name)
+SECRET = m.secret_name(JOB_ID, SPEC.name, 0)
 
 
 def objects_of(fake: FakeKube, attempt_name: str) -> list[tuple[str, str]]:

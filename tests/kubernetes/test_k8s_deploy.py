@@ -1,4 +1,5 @@
-"""deploy/: Kustomize renders strictly valid objects; RBAC matches the backend; EKS, images, examples."""
+"""deploy/: Kustomize renders strictly valid objects; RBAC matches the backend; EKS (what the GPU nodes need),
+images, examples."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ import yaml
 
 from api.schemas.spec import JobSpec
 from tests.fake_kubernetes import FakeKube
-from tests.kubernetes.k8s_support import JOB_ID, make_request, validate_strict
-from workers.backends.base import FaultRequest
+from tests.kubernetes.k8s_support import JOB_ID, make_request, make_spec, validate_strict
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.kubernetes import manifests as m
 
@@ -112,14 +112,16 @@ def test_control_plane_shape():
 
 
 @needs_kubectl
-def test_eks_overlays():
+def test_eks_overlays(tmp_path):
     eks = kustomize(KUSTOMIZE / "overlays/eks")
     api = by_kind(eks, "Deployment")["ftplane-api"]["spec"]["template"]["spec"]["containers"][0]
     assert api["image"].startswith("123456789012.dkr.ecr.us-west-2.amazonaws.com/ftplane-control-plane:")
-    assert by_kind(eks, "Service")["ftplane-api"]["spec"]["type"] == "LoadBalancer"
+    # no load balancer unless asked for: one needs the AWS Load Balancer Controller (port-forward otherwise)
+    assert by_kind(eks, "Service")["ftplane-api"]["spec"]["type"] == "ClusterIP"
     pvc = by_kind(eks, "PersistentVolumeClaim")["fsx-checkpoints"]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["metadata"]["namespace"] == "training"
     assert by_kind(eks, "StorageClass")["fsx-lustre"]["provisioner"] == "fsx.csi.aws.com"
+    assert "aws-efa-k8s-device-plugin" in by_kind(eks, "DaemonSet")
 
     trial = kustomize(KUSTOMIZE / "overlays/eks-trial")
     (secret,) = [d for d in trial if d["kind"] == "Secret"]
@@ -128,26 +130,75 @@ def test_eks_overlays():
     refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in worker["env"]}
     assert refs == {secret["metadata"]["name"]}  # the generated name is wired in
     assert {"ftplane-postgres", "ftplane-redis"} <= set(by_kind(trial, "Service"))
+    # the trial database's claim names a StorageClass that exists: EKS has no default one
+    (claim,) = by_kind(trial, "StatefulSet")["ftplane-postgres"]["spec"]["volumeClaimTemplates"]
+    storage_class = by_kind(trial, "StorageClass")[claim["spec"]["storageClassName"]]
+    assert storage_class["provisioner"] == "ebs.csi.aws.com"
+    assert storage_class["volumeBindingMode"] == "WaitForFirstConsumer"
+
+
+def with_components(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
+    """overlays/eks with optional components, rendered through a kustomization of the test's own."""
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(KUSTOMIZE / "overlays/eks", tmp_path)],
+                "components": [os.path.relpath(KUSTOMIZE / "components" / c, tmp_path) for c in components],
+            }
+        )
+    )
+    return kustomize(tmp_path)
+
+
+@needs_kubectl
+def test_the_internal_load_balancer_is_an_option(tmp_path):
+    docs = with_components(tmp_path, "internal-nlb")
+    service = by_kind(docs, "Service")["ftplane-api"]
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
+    for doc in docs:
+        validate_strict(doc)
+
+
+@needs_kubectl
+def test_node_remediation_is_off_by_default_and_brings_its_rbac(tmp_path):
+    plain = kustomize(KUSTOMIZE / "overlays/eks")
+    assert "FTPLANE_KUBE_UNHEALTHY_NODES" not in by_kind(plain, "ConfigMap")["ftplane-config"]["data"]
+    assert not [r for d in plain if d["kind"] == "ClusterRole" for r in d["rules"] if "patch" in r["verbs"]]
+    docs = with_components(tmp_path, "node-remediation")
+    assert by_kind(docs, "ConfigMap")["ftplane-config"]["data"]["FTPLANE_KUBE_UNHEALTHY_NODES"] == "taint"
+    role = by_kind(docs, "ClusterRole")["ftplane-node-remediation"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = by_kind(docs, "ClusterRoleBinding")["ftplane-node-remediation"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ftplane-worker", "namespace": "ftplane"}]
+    for doc in docs:
+        validate_strict(doc)
 
 
 # ------------------------------------------------------------------------ RBAC
 
 
-def role_rules() -> set[tuple[str, str, str]]:
-    (role,) = [d for d in load_docs(KUSTOMIZE / "base/rbac.yaml") if d["kind"] == "Role"]
+def rules_of(docs: list[dict[str, Any]], kind: str) -> set[tuple[str, str, str]]:
     return {
         (group, resource, verb)
-        for rule in role["rules"]
+        for doc in docs
+        if doc["kind"] == kind
+        for rule in doc["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
 
 
-def verb_of(method: str, path: str) -> tuple[str, str, str]:
+def verb_of(method: str, path: str) -> tuple[str, str, str, bool]:
+    """(API group, resource, verb, namespaced) of a request."""
     parts = path.strip("/").split("/")
-    group = "batch" if parts[0] == "apis" else ""
-    rest = parts[parts.index("namespaces") + 2 :]
+    group, rest = (parts[1], parts[3:]) if parts[0] == "apis" else ("", parts[2:])
+    namespaced = rest[0] == "namespaces"
+    if namespaced:
+        rest = rest[2:]
     resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
     named = len(rest) > 1
     verb = {
@@ -157,37 +208,52 @@ def verb_of(method: str, path: str) -> tuple[str, str, str]:
         "PATCH": "patch",
         "DELETE": "delete" if named else "deletecollection",
     }[method]
-    if resource == "pods/exec":
-        verb = "create"
-    return group, resource, verb
+    return group, resource, verb, namespaced
 
 
-def test_role_grants_exactly_what_the_backend_uses():
+def backend_requests(unhealthy_nodes: str = "off") -> list[tuple[str, str, str, bool]]:
+    """What the backend asks of the API over a job's life: launches, status while pending, queued and running,
+    a lost node, cancel, cleanup."""
     fake = FakeKube().start()
     try:
-        backend = KubernetesBackend(fake.api_client())
+        backend = KubernetesBackend(fake.api_client(), unhealthy_nodes=unhealthy_nodes)
         request = make_request()
         spec = request.spec
         name = m.attempt_name(JOB_ID, spec.name, 0)
         backend.launch(request)
-        backend.launch(request)  # the Secret is replaced
+        backend.launch(request)  # 409s: the attempt is there
         backend.status(JOB_ID, 0, spec)  # pending: reads Events too
         fake.schedule(name, "training")
         fake.run(name, "training")
-        backend.status(JOB_ID, 0, spec)
-        backend.inject_fault(JOB_ID, 0, spec, FaultRequest(id="a", kind="crash", rank=1))
-        backend.inject_fault(JOB_ID, 0, spec, FaultRequest(id="b", kind="node_loss", rank=9))
+        backend.status(JOB_ID, 0, spec)  # running: reads node health
+        fake.not_ready(fake.pod(name, "training", 1)["spec"]["nodeName"])
         backend.status(JOB_ID, 0, spec)
         backend.cancel(JOB_ID, 0, spec)
+        queued = make_request(make_spec(queue="team-a"), attempt=1, excluded=("ip-10-0-1-2",))
+        backend.launch(queued)
+        backend.status(JOB_ID, 1, queued.spec)  # reads its Kueue Workload
         backend.delete_job_resources(JOB_ID, spec)
-        used = {verb_of(r.method, r.path) for r in fake.requests}
+        return [verb_of(r.method, r.path) for r in fake.requests]
     finally:
         fake.stop()
-    granted = role_rules()
-    assert used <= granted, f"the Role misses {sorted(used - granted)}"
-    # nothing beyond what the backend does (pods/exec `get`: exec on clusters before 1.31)
-    assert granted - used == {("", "pods/exec", "get")}
-    assert ("", "secrets", "get") not in granted and ("", "secrets", "list") not in granted
+
+
+def test_the_roles_grant_exactly_what_the_backend_uses():
+    docs = load_docs(KUSTOMIZE / "base/rbac.yaml")
+    used = backend_requests()
+    in_namespace = {(g, r, v) for g, r, v, namespaced in used if namespaced}
+    cluster_wide = {(g, r, v) for g, r, v, namespaced in used if not namespaced}
+    assert in_namespace == rules_of(docs, "Role"), "the Role and the backend disagree"
+    assert cluster_wide == rules_of(docs, "ClusterRole") == {("", "nodes", "list")}
+    # Secrets: created only; never read, listed, changed or deleted (nothing else of the namespace is exposed)
+    assert {(r, v) for _, r, v in rules_of(docs, "Role") if r == "secrets"} == {("secrets", "create")}
+
+
+def test_node_remediation_uses_only_what_its_component_grants():
+    used = {(g, r, v) for g, r, v, namespaced in backend_requests("taint") if not namespaced}
+    component = load_docs(KUSTOMIZE / "components/node-remediation/rbac.yaml")
+    base = load_docs(KUSTOMIZE / "base/rbac.yaml")
+    assert used == rules_of(component, "ClusterRole") | rules_of(base, "ClusterRole")
 
 
 def test_role_is_bound_to_the_workers_service_account_in_the_job_namespace():
@@ -271,6 +337,7 @@ CLUSTER_CONFIG = {
                     "name": {"type": "string"},
                     "version": {"type": "string"},
                     "wellKnownPolicies": {"type": "object"},
+                    "configurationValues": {"type": "string"},
                     "attachPolicyARNs": {
                         "type": "array",
                         "items": {"type": "string", "pattern": "^arn:aws:iam::"},
@@ -292,7 +359,49 @@ def test_eksctl_cluster_config():
     assert len(gpu["availabilityZones"]) == 1  # EFA: one Availability Zone
     assert set(gpu["availabilityZones"]) <= set(config["availabilityZones"])
     assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in gpu["taints"]
-    assert "aws-fsx-csi-driver" in {a["name"] for a in config["addons"]}
+    addons = {a["name"]: a for a in config["addons"]}
+    assert "aws-fsx-csi-driver" in addons
+    assert "eks-node-monitoring-agent" in addons  # the Node conditions ftplane reads (GPU Xid, ECC, ...)
+
+
+def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    for t in tolerations or []:
+        if t.get("effect") not in (None, taint["effect"]):
+            continue
+        if t.get("operator") == "Exists" and t.get("key") in (None, taint["key"]):
+            return True
+        if t.get("key") == taint["key"] and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+@needs_kubectl
+def test_every_daemonset_the_gpu_nodes_need_tolerates_their_taints():
+    """eksctl's EFA device plugin tolerates only aws.amazon.com/efa: on the tainted GPU nodes it never ran, EFA was
+    never advertised, and a job asking for it stayed Pending for ever."""
+    (config,) = load_docs(DEPLOY / "eks/cluster.yaml")
+    gpu_groups = [g for g in config["managedNodeGroups"] if g.get("efaEnabled")]
+    docs = kustomize(KUSTOMIZE / "overlays/eks")
+    daemonsets = by_kind(docs, "DaemonSet")
+    assert "aws-efa-k8s-device-plugin" in daemonsets  # it replaces eksctl's, of the same name
+    for group in gpu_groups:
+        node_labels = {"node.kubernetes.io/instance-type": group["instanceType"], **group.get("labels", {})}
+        for name, ds in daemonsets.items():
+            pod = ds["spec"]["template"]["spec"]
+            terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                "nodeSelectorTerms"
+            ]
+            assert any(
+                all(node_labels.get(e["key"]) in e["values"] for e in term["matchExpressions"]) for term in terms
+            ), f"{name} does not select {group['name']}'s nodes"
+            for taint in group["taints"]:
+                assert tolerates(pod.get("tolerations"), taint), f"{name} does not tolerate {taint} of {group['name']}"
+            assert tolerates(pod.get("tolerations"), {"key": "ftplane.dev/unhealthy", "effect": "NoSchedule"})
+            image = pod["containers"][0]["image"]
+            assert re.search(r":v\d+\.\d+\.\d+$", image), f"{name}: pin the image ({image})"
+    # the add-ons' node DaemonSets on those nodes: the FSx node plugin is told to tolerate every taint
+    fsx = next(a for a in config["addons"] if a["name"] == "aws-fsx-csi-driver")
+    assert yaml.safe_load(fsx["configurationValues"]) == {"node": {"tolerateAllTaints": True}}
 
 
 def test_eks_storage_is_valid_without_kubectl():
@@ -341,6 +450,18 @@ def test_trainer_dockerfile():
     assert ("COPY", "trainer /opt/ftplane/trainer") in ins
     assert "efa_installer.sh" in text and "EFA" in text
     assert (ROOT / "trainer" / "__main__.py").exists()
+    # the EFA installer is pinned (a rebuild must not change the network stack), and latest is refused
+    assert re.fullmatch(r"\d+\.\d+\.\d+", args["EFA_INSTALLER_VERSION"])
+    assert any(op == "RUN" and '"$EFA_INSTALLER_VERSION" = "latest"' in arg for op, arg in ins)
+    env = " ".join(arg for op, arg in ins if op == "ENV")
+    # what depends on the instance type is not baked in; what holds everywhere is
+    assert "FI_EFA_USE_DEVICE_RDMA" not in env
+    for setting in ("NCCL_NVLS_ENABLE=0", "FI_EFA_FORK_SAFE=1", "RDMAV_FORK_SAFE=1"):
+        assert setting in env
+    # the EFA check is the entrypoint: a pod asking for EFA without a loadable OFI plugin fails loudly
+    assert ("COPY", "deploy/docker/efa-check.sh /opt/ftplane/bin/efa-check") in ins
+    assert ("ENTRYPOINT", '["/opt/ftplane/bin/efa-check"]') in ins
+    assert os.access(DEPLOY / "docker/efa-check.sh", os.X_OK)
 
 
 # ------------------------------------------------------------------------ examples

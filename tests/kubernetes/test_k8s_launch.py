@@ -33,16 +33,19 @@ def test_launch_creates_what_render_shows_and_passes_the_token_by_reference(fake
     service = fake.get("services", NS, A0)
     secret = fake.get("secrets", NS, SECRET)
     assert job and service and secret
+    # created suspended, resumed once its Secret and Service existed
+    assert job["spec"].pop("suspend") is False
     assert job["spec"] == rendered[0]["spec"]
+    resumed = [r for r in fake.requests if r.method == "PATCH"]
+    assert [r.body for r in resumed] == [{"spec": {"suspend": False}}]
     assert job["metadata"]["labels"] == rendered[0]["metadata"]["labels"]
     assert service["spec"] == rendered[1]["spec"]
-    # one delete removes the attempt: the Service is owned by the Job, the pods by the Job controller
-    assert service["metadata"]["ownerReferences"] == [
-        {"apiVersion": "batch/v1", "kind": "Job", "name": A0, "uid": job["metadata"]["uid"]}
-    ]
+    # one delete removes the attempt: the Service and the token Secret are owned by the Job, the pods by the
+    # Job controller
+    owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": A0, "uid": job["metadata"]["uid"]}]
+    assert service["metadata"]["ownerReferences"] == owner == secret["metadata"]["ownerReferences"]
     # the token is only in the Secret; everything else refers to it
     assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
-    assert "ownerReferences" not in secret["metadata"]
     pods = fake.pods(A0, NS)
     assert [p["metadata"]["labels"][m.COMPLETION_INDEX_LABEL] for p in pods] == ["0", "1"]
     for obj in [job, service, *pods]:
@@ -51,20 +54,24 @@ def test_launch_creates_what_render_shows_and_passes_the_token_by_reference(fake
     assert env["FTPLANE_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": SECRET, "key": "token"}}
     assert env["FTPLANE_MASTER_ADDR"]["value"] == f"{A0}-0.{A0}.{NS}.svc.cluster.local"
     assert pods[1]["spec"]["hostname"] == f"{A0}-1" and pods[1]["spec"]["subdomain"] == A0
-    # every object the backend created passed strict schema validation in the fake (FakeKube.validate)
+    # every object the backend created passed the fake's validation, asked for strictly
     created = [r for r in fake.requests if r.method == "POST"]
     assert {r.path.rsplit("/", 1)[-1] for r in created} == {"secrets", "jobs", "services"}
+    assert {r.status for r in created} == {201}
+    assert all(r.query.get("fieldValidation") == ["Strict"] for r in created)
 
 
-def test_launch_is_idempotent_and_replaces_the_token(fake, backend):
+def test_launch_is_idempotent_and_keeps_the_first_token(fake, backend):
     backend.launch(make_request())
-    rotated = make_request().__class__(**{**make_request().__dict__, "token": "ftp_trainer_rotated"})
-    backend.launch(rotated)  # 409s on Job and Service are "already there"
+    again = make_request().__class__(**{**make_request().__dict__, "token": "ftp_trainer_second"})
+    backend.launch(again)  # 409s on Job, Secret and Service are "already there"
+    # the pods hold the first launch's token (still valid): the worker never reads or replaces a Secret
     secret = fake.get("secrets", NS, SECRET)
-    assert base64.b64decode(secret["data"]["token"]).decode() == "ftp_trainer_rotated"
+    assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
     assert len([k for k in fake.objects if k[0] == "jobs"]) == 1
     assert len(fake.pods(A0, NS)) == 2
-    assert [r.status for r in fake.requests if r.method == "POST"][-2:] == [409, 409]
+    assert [r.status for r in fake.requests if r.method == "POST"][-3:] == [409, 409, 409]
+    assert {r.method for r in fake.requests if "/secrets" in r.path} == {"POST"}
 
 
 # ---------------------------------------------------------------- cancel / cleanup
@@ -72,12 +79,11 @@ def test_launch_is_idempotent_and_replaces_the_token(fake, backend):
 
 def test_cancel_removes_every_object_of_the_attempt(fake, backend):
     running_attempt(fake, backend)
-    assert len(objects_of(fake, A0)) == 4  # Job, Service, 2 pods
+    assert len(objects_of(fake, A0)) == 5  # Job, Service, token Secret, 2 pods
     backend.cancel(JOB_ID, 0, SPEC)
-    assert objects_of(fake, A0) == []
+    assert objects_of(fake, A0) == []  # the token Secret went with its Job
     deletes = [r for r in fake.requests if r.method == "DELETE"]
     assert option(deletes[0], "propagationPolicy") == "Background"
-    assert fake.get("secrets", NS, SECRET) is not None  # the token outlives attempts
     backend.cancel(JOB_ID, 0, SPEC)  # idempotent: 404s are fine
     assert backend.status(JOB_ID, 0, SPEC).phase == AttemptPhase.missing
 
@@ -89,6 +95,7 @@ def test_delete_job_resources_removes_all_attempts_and_the_secret(fake, backend)
     backend.launch(other)
     backend.delete_job_resources(JOB_ID, SPEC)
     assert objects_of(fake, A0) == objects_of(fake, A1) == []
-    assert fake.get("secrets", NS, SECRET) is None
+    assert [k for k in fake.objects if k[0] == "secrets" and k[2].startswith(A0[:-3])] == []
+    assert {r.method for r in fake.requests if "/secrets" in r.path} == {"POST"}  # gone with their Jobs
     assert fake.get("jobs", NS, m.attempt_name("another-job", SPEC.name, 0)) is not None
     backend.delete_job_resources(JOB_ID, SPEC)  # idempotent

@@ -1,4 +1,5 @@
-"""Rendering of an attempt's manifests: names, shape, and strict schema validity for several specs."""
+"""Rendering of an attempt's manifests: names, shape, and strict schema validity (Kubernetes 1.33) for several
+specs. Scheduling, failure policy, EFA, spares and queues: test_k8s_manifests_scheduling.py."""
 
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ def test_names_are_short_valid_dns_labels(job_id, name):
         job_name = m.attempt_name(job_id, name, attempt)
         assert DNS_1035.match(job_name), job_name  # also a valid Service name
         assert len(f"{job_name}-4095") <= 63  # the pod hostname of the highest completion index
-    assert DNS_1035.match(m.secret_name(job_id, name)) and len(m.secret_name(job_id, name)) <= 63
+    for attempt in (0, 10_000):
+        secret = m.secret_name(job_id, name, attempt)
+        assert DNS_1035.match(secret) and len(secret) <= 63
     label = m.job_id_label(job_id)
     assert LABEL_VALUE.match(label) and len(label) <= 63
 
@@ -63,21 +66,19 @@ def test_job_manifest_shape():
     assert job["metadata"]["name"] == service["metadata"]["name"] == name
     assert job["metadata"]["namespace"] == service["metadata"]["namespace"] == "training"
     js = job["spec"]
-    assert (js["completionMode"], js["completions"], js["parallelism"], js["backoffLimit"]) == (
-        "Indexed",
-        2,
-        2,
-        0,
-    )
+    assert (js["completionMode"], js["completions"], js["parallelism"], js["backoffLimit"]) == ("Indexed", 2, 2, 0)
+    assert "suspend" not in js  # launch creates it suspended until its Secret exists, then resumes it
     pod = js["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and pod["subdomain"] == name
-    expected = launcher_arguments(spec, nnodes=2, rdzv_endpoint=f"{host}:29500", rdzv_id=name)
-    assert container(job)["command"] == expected
+    launcher = launcher_arguments(
+        spec, nnodes=2, rdzv_endpoint=f"{host}:29500", rdzv_id=name, log_dir=f"{m.AGENT_DIR}/ranks"
+    )
+    assert container(job)["command"] == [*m.AGENT_COMMAND, *launcher]
     env = env_of(job)
     assert env["FTPLANE_MASTER_ADDR"]["value"] == host
     assert env["FTPLANE_TOKEN"] == {
         "name": "FTPLANE_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": m.secret_name(JOB_ID, spec.name), "key": "token"}},
+        "valueFrom": {"secretKeyRef": {"name": m.secret_name(JOB_ID, spec.name, 0), "key": "token"}},
     }
     assert env["FTPLANE_JOB_ID"]["value"] == JOB_ID and env["FTPLANE_ATTEMPT"]["value"] == "0"
     assert env["FTPLANE_CHECKPOINT_DIR"]["value"] == "/checkpoints/llama-8b"
@@ -103,15 +104,20 @@ def test_job_manifest_shape():
     assert service["spec"]["selector"] == {"ftplane.io/job-id": JOB_ID, "ftplane.io/attempt": "0"}
     assert pod["automountServiceAccountToken"] is False
     assert "affinity" not in pod
+    # training is not disrupted by Karpenter's consolidation, drift or expiry
+    assert js["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert container(job)["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_render_names_the_secret_but_never_shows_the_token():
     text = KubernetesBackend().render(make_request())
     assert TOKEN not in text
     assert "kind: Secret" not in text
-    assert f"# Secret {m.secret_name(JOB_ID, 'llama-8b-fsdp')}" in text
-    secret = m.secret_manifest(make_request())
+    assert f"# Secret {m.secret_name(JOB_ID, 'llama-8b-fsdp', 0)}" in text
+    secret = m.secret_manifest(make_request(), owner_uid="0b6a3c2e-8a55-4b8e-9a7e-2f1f6c1d9e77")
     assert secret["stringData"] == {"token": TOKEN}  # what launch creates
+    # owned by the attempt's Job: deleting the attempt deletes it (the worker never deletes a Secret)
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "Job"
     validate_strict(secret)
 
 
@@ -120,20 +126,13 @@ def test_spec_labels_cannot_override_ftplane_labels():
     assert job["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ftplane"
 
 
-def test_excluded_nodes_become_a_hostname_not_in_affinity():
+def test_excluded_nodes_become_a_match_fields_not_in_affinity():
     (job, _) = render(attempt=1, excluded=("ip-10-0-1-7", "ip-10-0-1-2", "ip-10-0-1-7"))
     affinity = job["spec"]["template"]["spec"]["affinity"]
     term = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    # by the Node's name (matchFields), not by a label that may differ from it
     assert term == [
-        {
-            "matchExpressions": [
-                {
-                    "key": "kubernetes.io/hostname",
-                    "operator": "NotIn",
-                    "values": ["ip-10-0-1-2", "ip-10-0-1-7"],
-                }
-            ]
-        }
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-2", "ip-10-0-1-7"]}]}
     ]
     off = make_spec(resiliency={"exclude_failed_nodes": False})
     (job, _) = render(spec=off, attempt=1, excluded=("ip-10-0-1-7",))
@@ -147,8 +146,10 @@ def test_cpu_only_spec_without_checkpoint_storage():
     assert "resources" not in c
     assert [v["name"] for v in c["volumeMounts"]] == ["dshm"]
     assert job["spec"]["template"]["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    assert "tolerations" not in job["spec"]["template"]["spec"]
+    tolerations = job["spec"]["template"]["spec"]["tolerations"]
+    assert not any(t.get("key") == "nvidia.com/gpu" for t in tolerations)  # no GPUs, no GPU taint tolerated
     assert "FTPLANE_CHECKPOINT_DIR" not in env_of(job)
+    assert "initContainers" not in job["spec"]["template"]["spec"]  # no EFA, no EFA check
 
 
 def test_kubernetes_variable_syntax_in_the_command_stays_literal():
@@ -168,6 +169,29 @@ SPECS = {
         "faults": [{"kind": "crash", "rank": 3, "at_step": 10}],
         "env": {"NCCL_DEBUG": "WARN"},
     },
+    "everything": {
+        "nodes": 4,
+        "resources": {
+            "gpus_per_node": 8,
+            "efa_per_node": 32,
+            "cpu": "90",
+            "memory": "1000Gi",
+            "hugepages": {"2Mi": "5120Mi", "1Gi": "2Gi"},
+        },
+        "scheduling": {
+            "tolerations": [{"key": "dedicated", "value": "p5", "effect": "NoSchedule"}],
+            "node_selector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+            "zone": "us-west-2c",
+            "affinity": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}],
+            "priority_class": "training-high",
+            "service_account": "llama-trainer",
+            "annotations": {"example.com/owner": "pretraining"},
+            "image_pull_secrets": ["ecr-pull"],
+        },
+        "secret_env": {"HF_TOKEN": {"secret": "huggingface-token", "key": "token", "optional": True}},
+        "queue": "team-a",
+        "resiliency": {"spare_nodes": 2, "max_preemptions": 3},
+    },
 }
 
 
@@ -179,13 +203,13 @@ def test_rendered_manifests_are_strictly_valid(case, excluded):
     request = make_request(spec, attempt=3, excluded=excluded)
     docs = [d for d in yaml.safe_load_all(backend.render(request)) if d]
     docs += [m.service_manifest(request, owner_uid="0b6a3c2e-8a55-4b8e-9a7e-2f1f6c1d9e77")]
-    docs += [m.secret_manifest(request)]
+    docs += [m.secret_manifest(request, owner_uid="0b6a3c2e-8a55-4b8e-9a7e-2f1f6c1d9e77")]
     for doc in docs:
         validate_strict(doc)
         assert DNS_1123.match(doc["metadata"]["name"]) and len(doc["metadata"]["name"]) <= 63
         for value in doc["metadata"].get("labels", {}).values():
             assert LABEL_VALUE.match(value) and len(value) <= 63
-    assert ("affinity" in docs[0]["spec"]["template"]["spec"]) == bool(excluded)
+    assert ("affinity" in docs[0]["spec"]["template"]["spec"]) == bool(excluded or spec.scheduling.affinity)
     assert docs[0]["spec"]["ttlSecondsAfterFinished"] == 86400
 
 

@@ -91,7 +91,10 @@ def test_node_shutdown_is_node_level_and_preemption_is_not():
     )
     status = view(job(), [pod(0, "Running"), preempted]).status()
     assert status.failed_nodes == ()
-    assert status.cause.message == "exit code 143 on node ip-10-0-1-1 (preempted by a higher-priority pod)"
+    assert (
+        status.cause.message
+        == f"pod {NAME}-1-abcde on node ip-10-0-1-1 preempted by a higher-priority pod (exit code 143)"
+    )
     assert status.cause.cause_class == CauseClass.preempted
     assert status.cause.facts["exit_code"] == 143 and status.cause.facts["signal"] == "SIGTERM"
 

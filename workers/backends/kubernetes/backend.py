@@ -1,18 +1,24 @@
 """The Kubernetes execution backend (EKS in production): the `Backend` protocol, through the official client.
 
-One attempt of a job is an Indexed batch Job (one pod per node running
-`ft_launcher`) plus a headless Service for the rendezvous, both labelled with
-the job id and attempt; the Service is owned by the Job, so deleting the Job
-removes the whole attempt. The trainer token lives in a per-job Secret that
-outlives attempts and is removed by `delete_job_resources` at final cleanup.
+One attempt of a job is an Indexed batch Job (one pod per node running the node
+agent and `ft_launcher`, and its hot spares) plus a headless Service for the
+rendezvous and a Secret with the trainer token, all labelled with the job id and
+attempt and owned by the Job, so deleting the Job removes the whole attempt. The
+Job is created suspended and resumed once its Secret exists (its pods never start
+without their token); with a `queue`, Kueue resumes it instead.
 
-`status()` turns what Kubernetes says (the Job, its pods, their Events) into an
-`AttemptStatus` with a structured cause and idempotent `ObservedEvent`s
-(`status.AttemptView`). It never raises: when the API cannot be read it says
-"pending, status unknown". `launch`, `cancel` and `delete_job_resources` retry
-transient API errors (429, 5xx, timeouts) with bounded backoff and treat 409 on
-create and 404 on delete as done; if the API still fails they raise
-`KubernetesBackendError` (the job itself is untouched, the call can be retried).
+`status()` turns what Kubernetes says into an `AttemptStatus` with a structured
+cause and idempotent `ObservedEvent`s (`status.AttemptView`), reading no more than
+it needs: the Job and its pods (label-selected, from the API server's cache) every
+pass; its nodes' health through `nodes.NodeHealth` (a selected list at a bounded
+rate); Events only when something is off, and only the Job's own and a few of its
+pods' (field-selected); a queued attempt's Kueue Workload. It never raises: when
+the API cannot be read it says "pending, status unknown". `launch`, `cancel` and
+`delete_job_resources` retry transient API errors (429, 5xx, timeouts) with bounded
+backoff and treat 409 on create and 404 on delete as done; if the API still fails
+they raise `KubernetesBackendError` (the job itself is untouched, the call can be
+retried). Objects are created with strict field validation: a field the API server
+does not know is an error, not silently dropped.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from api.core.config import Settings
+from api.core.config import Settings, get_settings
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.spec import JobSpec
 from workers.backends.base import AttemptPhase, AttemptStatus, LaunchRequest
+from workers.backends.kubernetes import kueue, placement, policy
 from workers.backends.kubernetes import manifests as m
 from workers.backends.kubernetes.client import KubernetesApi, RetryPolicy, api_message, failure_of
+from workers.backends.kubernetes.nodes import NodeHealth, NodeState, remediate
 from workers.backends.kubernetes.status import AttemptView
 
 log = logging.getLogger(__name__)
@@ -53,11 +61,16 @@ class KubernetesBackend:
         image_pull_grace_s: float = 300.0,
         ttl_after_finished_s: int | None = None,
         clock: Callable[[], float] = time.time,
+        node_refresh_s: float = 20.0,
+        unhealthy_nodes: str | None = None,
     ) -> None:
         self.api = KubernetesApi(api_client, settings=settings, request_timeout=request_timeout, retry=retry)
+        self.node_health = NodeHealth(self.api, refresh_s=node_refresh_s)
         self.cluster_domain = cluster_domain
         self.image_pull_grace_s = image_pull_grace_s
         self.ttl_after_finished_s = ttl_after_finished_s
+        self._settings = settings
+        self._unhealthy_nodes = unhealthy_nodes  # off | cordon | taint; default: the settings'
         self._clock = clock
 
     @property
@@ -74,30 +87,29 @@ class KubernetesBackend:
         return m.render(request, cluster_domain=self.cluster_domain, ttl_after_finished_s=self.ttl_after_finished_s)
 
     def launch(self, request: LaunchRequest) -> None:
-        """Create (or complete) the attempt: token Secret, Job, then the Service owned by the Job."""
+        """Create (or complete) the attempt: the Job, suspended; the token Secret and the Service it owns; then
+        resume the Job (unless Kueue is to). Nodes blamed before are cordoned or tainted when so configured."""
         spec = request.spec
         ns = spec.namespace
         api = self.api
-        secret = m.secret_manifest(request)
-        if not api.create("secret", api.core.create_namespaced_secret, ns, secret):
-            name = secret["metadata"]["name"]
-            with failure_of("replace secret"):
-                api.call("replace secret", api.core.replace_namespaced_secret, name, ns, secret)
-
         job = self._job_manifest(request)
+        job["spec"]["suspend"] = True  # no pod starts before its token Secret exists
         name = job["metadata"]["name"]
         api.create("job", api.batch.create_namespaced_job, ns, job)
         with failure_of("read job"):
             current = api.read("read job", api.batch.read_namespaced_job, name, ns)
         uid = current["metadata"]["uid"]
+        api.create("secret", api.core.create_namespaced_secret, ns, m.secret_manifest(request, uid))
         api.create("service", api.core.create_namespaced_service, ns, m.service_manifest(request, uid))
+        if not spec.queue and current["spec"].get("suspend"):
+            with failure_of("resume job"):
+                api.call("resume job", api.batch.patch_namespaced_job, name, ns, {"spec": {"suspend": False}})
+        mode = self._unhealthy_nodes or (self._settings or get_settings()).kube_unhealthy_nodes
+        remediate(api, placement.excluded(request.excluded_nodes, spec), mode, f"blamed by job {request.job_id}")
+        queued = f", queued in {spec.queue}" if spec.queue else ""
+        pods = policy.pod_count(spec)
         log.info(
-            "launched %s/%s (job %s attempt %d, %d pods)",
-            ns,
-            name,
-            request.job_id,
-            request.attempt,
-            spec.nodes,
+            "launched %s/%s (job %s attempt %d, %d pods%s)", ns, name, request.job_id, request.attempt, pods, queued
         )
 
     def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
@@ -119,15 +131,61 @@ class KubernetesBackend:
                 api.core.list_namespaced_pod,
                 ns,
                 label_selector=m.attempt_selector(job_id, attempt),
+                resource_version="0",  # the API server's watch cache: no read from etcd
             ).get("items", [])
-            grace = self.image_pull_grace_s
-            view = AttemptView(job, pods, [], spec=spec, now=self._clock(), image_pull_grace_s=grace)
+            workload, kueue_missing = self._workload(job, spec)
+            seen: dict[str, Any] = {
+                "spec": spec,
+                "now": self._clock(),
+                "image_pull_grace_s": self.image_pull_grace_s,
+                "workload": workload,
+                "kueue_missing": kueue_missing,
+            }
+            view = AttemptView(job, pods, [], **seen)
+            seen["nodes"] = self._nodes(view, spec)
+            view = AttemptView(job, pods, [], **seen)
             if view.needs_events():
-                events = api.read("list events", api.core.list_namespaced_event, ns).get("items", [])
-                view = AttemptView(job, pods, events, spec=spec, now=self._clock(), image_pull_grace_s=grace)
+                view = AttemptView(job, pods, self._events(view, job, ns), **seen)
         except Exception as exc:
             return self._unknown(exc)
         return view.status()
+
+    def _nodes(self, view: AttemptView, spec: JobSpec) -> dict[str, NodeState]:
+        """The health of the nodes the attempt's pods are bound to (none before any is bound)."""
+        if not any(p.get("spec", {}).get("nodeName") for p in view.pods):
+            return {}
+        return self.node_health.states(placement.node_selector(spec), urgent=view.urgent_nodes())
+
+    def _events(self, view: AttemptView, job: dict[str, Any], ns: str) -> list[dict[str, Any]]:
+        """The Job's own Events and those of the pods the view asks about: field-selected, never a namespace's."""
+        api = self.api
+        selector = f"involvedObject.kind=Job,involvedObject.uid={job['metadata']['uid']}"
+        events = list(api.read("list events", api.core.list_namespaced_event, ns, field_selector=selector)["items"])
+        for pod in view.event_pods(events):
+            selector = f"involvedObject.kind=Pod,involvedObject.name={pod}"
+            events += api.read("list events", api.core.list_namespaced_event, ns, field_selector=selector)["items"]
+        return events
+
+    def _workload(self, job: dict[str, Any], spec: JobSpec) -> tuple[dict[str, Any] | None, bool]:
+        """A suspended queued Job's Kueue Workload, and whether Kueue is missing from the cluster."""
+        if not spec.queue or not kueue.suspended(job):
+            return None, False
+        api = self.api
+        try:
+            found = api.read(
+                "list workloads",
+                api.custom.list_namespaced_custom_object,
+                kueue.WORKLOAD_GROUP,
+                kueue.WORKLOAD_VERSION,
+                spec.namespace,
+                kueue.WORKLOAD_PLURAL,
+                label_selector=f"{kueue.JOB_UID_LABEL}={job['metadata']['uid']}",
+            ).get("items", [])
+        except ApiException as exc:
+            if exc.status == 404:
+                return None, True
+            raise
+        return (found[0] if found else None), False
 
     @staticmethod
     def _unknown(exc: BaseException) -> AttemptStatus:
@@ -136,7 +194,7 @@ class KubernetesBackend:
         return AttemptStatus(phase=AttemptPhase.pending, cause=Cause(CauseClass.unknown, text))
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
-        """Delete the attempt: the Job (its pods and the owned Service follow) and the Service itself."""
+        """Delete the attempt: the Job (its pods, and the Service and Secret it owns, follow) and the Service."""
         name = m.attempt_name(job_id, spec.name, attempt)
         ns = spec.namespace
         api = self.api
@@ -145,7 +203,7 @@ class KubernetesBackend:
         log.info("cancelled %s/%s (job %s attempt %d)", ns, name, job_id, attempt)
 
     def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:
-        """Final cleanup of a finished job: every attempt's Job and Service, and the token Secret."""
+        """Final cleanup of a finished job: every attempt's Job and Service (the token Secrets go with the Jobs)."""
         ns = spec.namespace
         selector = m.job_selector(job_id)
         api = self.api
@@ -163,4 +221,3 @@ class KubernetesBackend:
             )
         for item in services.get("items", []):
             api.delete("service", api.core.delete_namespaced_service, item["metadata"]["name"], ns)
-        api.delete("secret", api.core.delete_namespaced_secret, m.secret_name(job_id, spec.name), ns)

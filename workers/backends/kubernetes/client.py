@@ -169,6 +169,10 @@ class KubernetesApi:
     def batch(self) -> Any:
         return k8s_client.BatchV1Api(self.api_client)
 
+    @property
+    def custom(self) -> Any:
+        return k8s_client.CustomObjectsApi(self.api_client)
+
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """One API call with bounded retries of transient errors; other errors propagate unchanged."""
         kwargs.setdefault("_request_timeout", self.request_timeout)
@@ -200,10 +204,10 @@ class KubernetesApi:
         return self.call(what, get)
 
     def create(self, what: str, fn: Callable[..., Any], namespace: str, body: dict[str, Any]) -> bool:
-        """Create; False when it already exists (409)."""
+        """Create, with strict field validation (an unknown field is an error); False when it already exists (409)."""
         with failure_of(f"create {what}"):
             try:
-                self.call(f"create {what}", fn, namespace, body)
+                self.call(f"create {what}", fn, namespace, body, field_validation="Strict")
                 return True
             except ApiException as exc:
                 if exc.status == 409:

@@ -1,10 +1,17 @@
 """What one attempt of a job is on Kubernetes, as plain manifests (dicts), with no API calls.
 
-Per attempt: an Indexed `batch/v1` Job (one pod per node, `ft_launcher` in each,
-no Kubernetes-level retries: job-level restarts belong to ftplane) and a
-headless Service that gives the pods stable DNS names for the rendezvous.
-Per job: a Secret holding the trainer token, referenced by the pods, never
-rendered with its value.
+Per attempt: an Indexed `batch/v1` Job (one pod per node and per hot spare, the node
+agent and `ft_launcher` in each; what a pod's failure means is its `podFailurePolicy`,
+`policy`) and a headless Service that gives the pods stable DNS names for the
+rendezvous. Where the pods may run is `placement`; what EFA needs is `efa`.
+Per attempt too: a Secret holding the trainer token, referenced by the pods, never
+rendered with its value, owned by the attempt's Job (deleting the Job deletes it: the
+worker may create Secrets, never read, change or delete one). The spec's `secret_env`
+are references to the user's own Secrets, never values.
+
+Every pod carries `karpenter.sh/do-not-disrupt: "true"`: Karpenter does not drain a
+node for consolidation, drift or expiry while training runs on it (a spot interruption
+still does: that is a preemption, `failures`).
 
 `render` writes them as YAML for people (`ftplane render`), the token Secret named, not shown.
 
@@ -20,8 +27,10 @@ from typing import Any
 
 import yaml
 
+from api.schemas.kubernetes_spec import DO_NOT_DISRUPT
 from api.schemas.spec import JobSpec
 from workers.backends.base import LaunchRequest, agent_environment, launcher_arguments
+from workers.backends.kubernetes import efa, placement, policy
 
 MANAGED_BY = "ftplane"
 LABEL_JOB_ID = "ftplane.io/job-id"
@@ -29,8 +38,6 @@ LABEL_JOB_NAME = "ftplane.io/job-name"
 LABEL_ATTEMPT = "ftplane.io/attempt"
 ANNOTATION_JOB_ID = "ftplane.io/job-id"
 ANNOTATION_RENDEZVOUS = "ftplane.io/rendezvous"
-# JSON {pod name: node name} of pods removed by an injected node_loss fault (status() blames the node).
-ANNOTATION_INJECTED_NODE_LOSS = "ftplane.io/injected-node-loss"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
@@ -39,9 +46,8 @@ AGENT_COMMAND = ("python", "-m", "trainer.agent", "--")
 AGENT_DIR = "/tmp/ftplane-agent"
 RDZV_PORT = 29500
 TOKEN_KEY = "token"
-GPU_RESOURCE = "nvidia.com/gpu"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPU_RESOURCE = placement.GPU_RESOURCE
+EFA_RESOURCE = efa.EFA_RESOURCE
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
@@ -82,8 +88,9 @@ def attempt_name(job_id: str, job_name: str, attempt: int) -> str:
     return f"{base_name(job_id, job_name)}-a{attempt}"
 
 
-def secret_name(job_id: str, job_name: str) -> str:
-    return f"{base_name(job_id, job_name)}-token"
+def secret_name(job_id: str, job_name: str, attempt: int) -> str:
+    """Name of the attempt's token Secret."""
+    return f"{attempt_name(job_id, job_name, attempt)}-token"
 
 
 def job_id_label(job_id: str) -> str:
@@ -161,6 +168,8 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(res.gpus_per_node)
     if res.efa_per_node:
         requests[EFA_RESOURCE] = limits[EFA_RESOURCE] = str(res.efa_per_node)
+    for size, amount in sorted(res.hugepages.items()):
+        requests[f"hugepages-{size}"] = limits[f"hugepages-{size}"] = amount  # huge pages: requests = limits
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -170,8 +179,16 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
 
 
 def _environment(request: LaunchRequest, master_addr: str) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in agent_environment(request).items()]
     spec = request.spec
+    values = {**efa.environment(spec), **agent_environment(request)}
+    if spec.resiliency.spare_nodes:
+        values["FTPLANE_SPARE_NODES"] = str(spec.resiliency.spare_nodes)
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    for name, ref in spec.secret_env.items():  # by reference: the value never passes through ftplane
+        key_ref: dict[str, Any] = {"name": ref.secret, "key": ref.key}
+        if ref.optional:
+            key_ref["optional"] = True
+        env.append({"name": name, "valueFrom": {"secretKeyRef": key_ref}})
     env += [
         # ft_launcher gives workers MASTER_ADDR=localhost; the trainer needs the real rank-0 host.
         {"name": "FTPLANE_MASTER_ADDR", "value": master_addr},
@@ -181,25 +198,12 @@ def _environment(request: LaunchRequest, master_addr: str) -> list[dict[str, Any
         {"name": "FTPLANE_AGENT_ECHO", "value": "1"},  # the launcher's output in the container's log
         {
             "name": "FTPLANE_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": secret_name(request.job_id, spec.name), "key": TOKEN_KEY}},
+            "valueFrom": {
+                "secretKeyRef": {"name": secret_name(request.job_id, spec.name, request.attempt), "key": TOKEN_KEY}
+            },
         },
     ]
     return env
-
-
-def _affinity(request: LaunchRequest) -> dict[str, Any] | None:
-    excluded = sorted(set(request.excluded_nodes))
-    if not excluded or not request.spec.resiliency.exclude_failed_nodes:
-        return None
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": excluded}]}
-                ]
-            }
-        }
-    }
 
 
 def job_manifest(
@@ -208,12 +212,13 @@ def job_manifest(
     cluster_domain: str = DEFAULT_CLUSTER_DOMAIN,
     ttl_after_finished_s: int | None = None,
 ) -> dict[str, Any]:
-    """The attempt's Indexed Job: `nodes` pods, each running ft_launcher for `procs_per_node` ranks."""
+    """The attempt's Indexed Job: `nodes` (+ spares) pods, each running ft_launcher for `procs_per_node` ranks."""
     spec = request.spec
     name = attempt_name(request.job_id, spec.name, request.attempt)
     host = rendezvous_host(request.job_id, spec, request.attempt, cluster_domain)
     labels = labels_for(request.job_id, spec, request.attempt)
     annotations = {ANNOTATION_JOB_ID: request.job_id, ANNOTATION_RENDEZVOUS: f"{host}:{RDZV_PORT}"}
+    pod_annotations = {**spec.scheduling.annotations, **annotations, DO_NOT_DISRUPT: "true"}
     launcher = launcher_arguments(
         spec, nnodes=spec.nodes, rdzv_endpoint=f"{host}:{RDZV_PORT}", rdzv_id=name, log_dir=f"{AGENT_DIR}/ranks"
     )
@@ -237,10 +242,15 @@ def job_manifest(
         "env": _environment(request, host),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
+        # the last lines of the output, when the agent leaves no message: a failure's cause says why
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     resources = _resources(spec)
     if resources:
         container["resources"] = resources
+    security = efa.capabilities(spec)
+    if security:
+        container["securityContext"] = security
 
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -250,26 +260,29 @@ def job_manifest(
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "containers": [container],
         "volumes": volumes,
+        **placement.pod_fields(spec, request.excluded_nodes),
     }
-    affinity = _affinity(request)
-    if affinity:
-        pod_spec["affinity"] = affinity
-    if spec.resources.gpus_per_node:
-        pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    check = efa.check_container(spec)
+    if check:
+        pod_spec["initContainers"] = [check]
 
+    queue_labels, queue_spec = policy.queue_fields(spec)
     job_spec: dict[str, Any] = {
-        "completionMode": "Indexed",
-        "completions": spec.nodes,
-        "parallelism": spec.nodes,
-        "backoffLimit": 0,  # any pod failure fails the attempt; restarts are the control plane's decision
-        "template": {"metadata": {"labels": labels, "annotations": dict(annotations)}, "spec": pod_spec},
+        **policy.failure_policy(spec, container=CONTAINER_NAME, efa_check=check is not None),
+        **queue_spec,
+        "template": {"metadata": {"labels": labels, "annotations": pod_annotations}, "spec": pod_spec},
     }
     if ttl_after_finished_s is not None:
         job_spec["ttlSecondsAfterFinished"] = ttl_after_finished_s
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": spec.namespace, "labels": labels, "annotations": annotations},
+        "metadata": {
+            "name": name,
+            "namespace": spec.namespace,
+            "labels": {**labels, **queue_labels},
+            "annotations": annotations,
+        },
         "spec": job_spec,
     }
 
@@ -305,19 +318,24 @@ def owner_reference(job_name: str, job_uid: str) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": job_uid}
 
 
-def secret_manifest(request: LaunchRequest) -> dict[str, Any]:
-    """The per-job Secret with the trainer token (outlives attempts; removed at final cleanup)."""
+def secret_manifest(request: LaunchRequest, owner_uid: str | None = None) -> dict[str, Any]:
+    """The attempt's Secret with the trainer token, owned by the attempt's Job once that exists."""
     spec = request.spec
+    metadata: dict[str, Any] = {
+        "name": secret_name(request.job_id, spec.name, request.attempt),
+        "namespace": spec.namespace,
+        "labels": labels_for(request.job_id, spec, request.attempt),
+        "annotations": {ANNOTATION_JOB_ID: request.job_id},
+    }
+    if owner_uid:
+        metadata["ownerReferences"] = [
+            owner_reference(attempt_name(request.job_id, spec.name, request.attempt), owner_uid)
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {
-            "name": secret_name(request.job_id, spec.name),
-            "namespace": spec.namespace,
-            "labels": labels_for(request.job_id, spec, None),
-            "annotations": {ANNOTATION_JOB_ID: request.job_id},
-        },
+        "metadata": metadata,
         "stringData": {TOKEN_KEY: request.token},
     }
 
@@ -339,9 +357,11 @@ def render(
     spec = request.spec
     header = (
         f"# ftplane job {request.job_id}, attempt {request.attempt}, namespace {spec.namespace}.\n"
-        f"# Secret {secret_name(request.job_id, spec.name)} (key {TOKEN_KEY}) holds FTPLANE_TOKEN;\n"
-        "# ftplane creates it at launch. The Service gets an ownerReference to the Job at launch.\n"
+        f"# Secret {secret_name(request.job_id, spec.name, request.attempt)} (key {TOKEN_KEY}) holds FTPLANE_TOKEN;\n"
+        "# ftplane creates it at launch, and it and the Service get an ownerReference to the Job then.\n"
     )
+    for env_name, ref in spec.secret_env.items():
+        header += f"# {env_name} comes from your Secret {ref.secret} (key {ref.key}) in {spec.namespace}.\n"
     docs = [
         job_manifest(request, cluster_domain=cluster_domain, ttl_after_finished_s=ttl_after_finished_s),
         service_manifest(request),

@@ -1,9 +1,8 @@
 """Facts read from Kubernetes objects as the API returns them (plain dicts): times, a pod's completion index,
-conditions, the trainer container's state, the node losses a fault injected. No API calls, no judgement."""
+conditions, the trainer container's state and the init containers'. No API calls, no judgement."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,16 +47,6 @@ def completion_index(pod: dict[str, Any]) -> int | None:
         return None
 
 
-def injected_node_loss(job: dict[str, Any]) -> dict[str, str]:
-    """{pod name: node name} of the pods an injected node_loss fault deleted (the Job's annotation)."""
-    raw = (job.get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_INJECTED_NODE_LOSS)
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
-
-
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     """The object's condition of type `kind` when it is true."""
     for cond in obj.get("status", {}).get("conditions") or []:
@@ -83,6 +72,24 @@ def trainer_status(pod: dict[str, Any]) -> dict[str, Any]:
         if cs.get("name") == m.CONTAINER_NAME:
             return dict(cs)
     return dict(statuses[0]) if statuses else {}
+
+
+def init_failure(pod: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(name, terminated state) of the init container that failed, if one did."""
+    for cs in pod.get("status", {}).get("initContainerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and term.get("exitCode"):
+            return str(cs.get("name")), dict(term)
+    return None
+
+
+def waiting_reason(pod: dict[str, Any]) -> tuple[str, str]:
+    """(reason, message) of the trainer container, or of an init container, that is waiting."""
+    for cs in [trainer_status(pod), *(pod.get("status", {}).get("initContainerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] != "PodInitializing":
+            return str(waiting["reason"]), str(waiting.get("message") or "")
+    return "", ""
 
 
 def started_at(pod: dict[str, Any]) -> datetime | None:

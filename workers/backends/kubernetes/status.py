@@ -1,37 +1,38 @@
-"""What one reading of an attempt (its Job, pods and Events) means: an `AttemptStatus` with a structured cause.
+"""What one reading of an attempt (its Job, pods, the Events asked for, its nodes' health, its Kueue Workload)
+means: an `AttemptStatus` with a structured cause and idempotent events.
 
-`AttemptView` decides the phase (pending, running, succeeded, failed), reports
-`scheduled` and `running` once every pod got there, and, for a failure, which
-pod's failure is the cause (`failures`): a lost or evicted node explains the
-ranks that failed after it, so node-level failures come first, then the
-earliest. What keeps pods from starting (unschedulable, refused, an image that
-cannot be pulled) is a `scheduling` cause: pending while Kubernetes may still
-succeed, failed once it cannot.
+`AttemptView` decides the phase (pending, running, succeeded, failed):
+- queued in Kueue: pending (`kueue`), or failed when Kueue took the admission back (preempted);
+- `scheduled` and `running` are reported once `nodes` pods got there (hot spares may still be placing);
+- a failure: each pod's (`failures`), and a pod on a node whose Node object says it is broken
+  (`nodes.unhealthy`). A lost or evicted node explains the ranks that failed after it, so node-level
+  failures come first, then the earliest. With hot spares, losses a spare replaces (the node agent's 94,
+  disruptions) do not end the attempt: each is reported (`node_failed`, `preempted`) and blames its
+  node, and when the last spare is spent, `spares_exhausted`; one more, or any other failure, ends it;
+- what keeps pods from starting is a `scheduling` cause (`pending`): pending while Kubernetes may still
+  succeed, failed once it cannot.
+
+Which Events to read is the view's to say (`needs_events`, `event_pods`): none while all is well, else
+the Job's own and those of at most MAX_EVENT_PODS of its pods, never a whole namespace's.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.spec import JobSpec
 from workers.backends.base import AttemptPhase, AttemptStatus, ObservedEvent
-from workers.backends.kubernetes.failures import (
-    Failure,
-    cause,
-    injected_loss,
-    node_loss_event,
-    pod_cause,
-    vanished_cause,
-)
+from workers.backends.kubernetes import kueue, pending
+from workers.backends.kubernetes.failures import Failure, cause, node_loss_event, pod_cause, vanished_cause
+from workers.backends.kubernetes.nodes import NodeState, unhealthy
 from workers.backends.kubernetes.objects import (
     completion_index,
     condition,
     event_time,
-    injected_node_loss,
     iso,
     parse_ts,
     phase,
@@ -39,20 +40,11 @@ from workers.backends.kubernetes.objects import (
     trainer_status,
     true_conditions,
 )
+from workers.backends.kubernetes.policy import pod_count
 
-IMAGE_ERRORS_PERMANENT = frozenset({"InvalidImageName", "ErrImageNeverPull"})
-# Waiting reasons that may clear up by themselves (a registry hiccup, a Secret or PVC not there yet).
-STUCK_WAITING_REASONS = frozenset(
-    {
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-    }
-)
-
+MAX_EVENT_PODS = 8  # pods whose Events one pass reads at most
 _ASSIGNED = re.compile(r"Successfully assigned \S+ to (\S+)")
+_CREATED = re.compile(r"Created pod: (\S+)")
 
 
 class AttemptView:
@@ -67,6 +59,9 @@ class AttemptView:
         spec: JobSpec,
         now: float,
         image_pull_grace_s: float = 300.0,
+        nodes: Mapping[str, NodeState] | None = None,
+        workload: dict[str, Any] | None = None,
+        kueue_missing: bool = False,
     ) -> None:
         self.job = job
         self.name = job["metadata"]["name"]
@@ -74,19 +69,21 @@ class AttemptView:
         self.spec = spec
         self.now = datetime.fromtimestamp(now, UTC)
         self.image_pull_grace_s = image_pull_grace_s
+        self.nodes = nodes or {}
+        self.workload = workload
+        self.kueue_missing = kueue_missing
         self.pods = [p for p in pods if completion_index(p) is not None]
-        self.injected = injected_node_loss(job)
+        self.expected = pod_count(spec)
         # Events of this attempt's Job and pods (also of pods already gone).
-        pod_name = re.compile(rf"^{re.escape(self.name)}-(\d+)-[a-z0-9]+$")
+        self._pod_name = re.compile(rf"^{re.escape(self.name)}-(\d+)-[a-z0-9]+$")
         self.job_events: list[dict[str, Any]] = []
         self.pod_events: dict[str, list[dict[str, Any]]] = {}
         for ev in sorted(events, key=event_time):
             obj = ev.get("involvedObject") or {}
             if obj.get("kind") == "Job" and obj.get("name") == self.name:
                 self.job_events.append(ev)
-            elif obj.get("kind") == "Pod" and pod_name.match(obj.get("name", "")):
+            elif obj.get("kind") == "Pod" and self._pod_name.match(obj.get("name", "")):
                 self.pod_events.setdefault(obj["name"], []).append(ev)
-        self._pod_name = pod_name
 
     # --- what to read
 
@@ -94,9 +91,35 @@ class AttemptView:
         """Events are read only when something is off: a steady running attempt costs two reads."""
         if condition(self.job, "Complete"):
             return False
+        if kueue.suspended(self.job) or self._failing():
+            return True
         live = [p for p in self.pods if not p["metadata"].get("deletionTimestamp")]
-        healthy = {"Running", "Succeeded"}
-        return len(live) < self.spec.nodes or any(phase(p) not in healthy for p in live)
+        return len(live) < self.expected or any(not _healthy(p) for p in live)
+
+    def event_pods(self, job_events: Iterable[dict[str, Any]] = ()) -> list[str]:
+        """The pods whose Events are worth reading (at most MAX_EVENT_PODS): the troubled ones first, then
+        pods the Job made (its `SuccessfulCreate` Events) that are gone."""
+        order = {"Unknown": 0, "Failed": 1, "Running": 3, "Pending": 4}
+        troubled = sorted(
+            (p for p in self.pods if not _healthy(p)),
+            key=lambda p: (
+                0 if p["metadata"].get("deletionTimestamp") else order.get(phase(p) or "", 2),
+                completion_index(p),
+            ),
+        )
+        names = [p["metadata"]["name"] for p in troubled]
+        listed = {p["metadata"]["name"] for p in self.pods}
+        for ev in job_events:
+            found = _CREATED.search(str(ev.get("message") or ""))
+            if ev.get("reason") == "SuccessfulCreate" and found and found.group(1) not in listed:
+                names.append(found.group(1))
+        return list(dict.fromkeys(names))[:MAX_EVENT_PODS]
+
+    def urgent_nodes(self) -> bool:
+        """A pod looks lost (not Ready while running, Unknown, being deleted): read node health now."""
+        return any(
+            p["metadata"].get("deletionTimestamp") or phase(p) == "Unknown" or not _healthy(p) for p in self.pods
+        )
 
     # --- facts about pods
 
@@ -104,8 +127,6 @@ class AttemptView:
         node = (pod or {}).get("spec", {}).get("nodeName")
         if node:
             return str(node)
-        if pod_name in self.injected and self.injected[pod_name]:
-            return self.injected[pod_name]
         for ev in self.pod_events.get(pod_name, []):
             found = _ASSIGNED.search(ev.get("message") or "")
             if ev.get("reason") == "Scheduled" and found:
@@ -121,40 +142,45 @@ class AttemptView:
         name = meta["name"]
         node = self._node_of(name, pod)
         loss = node_loss_event(self.pod_events.get(name, []))
-        found = pod_cause(pod, node, injected=name in self.injected, loss=loss)
+        found = pod_cause(pod, node, loss=loss)
         if found is None:
-            return None
+            return self._node_failure(pod, node)
         term = (trainer_status(pod).get("state") or {}).get("terminated")
         at = parse_ts((term or {}).get("finishedAt")) or parse_ts(meta.get("deletionTimestamp"))
-        return Failure(name, meta.get("uid", name), completion_index(pod), node, *found, at=at)
+        return Failure(
+            name, meta.get("uid", name), completion_index(pod), node, found.cause, found.node_level, at, found.spare_ok
+        )
+
+    def _node_failure(self, pod: dict[str, Any], node: str | None) -> Failure | None:
+        """A pod still running, or bound, on a node whose Node object says it is broken."""
+        state = self.nodes.get(node or "")
+        if state is None or phase(pod) not in ("Running", "Pending"):
+            return None
+        found = unhealthy(state, self.now)
+        if found is None:
+            return None
+        meta = pod["metadata"]
+        at = state.ready_since if found.facts.get("condition") == "Ready" else self.now
+        return Failure(meta["name"], meta.get("uid", meta["name"]), completion_index(pod), node, found, True, at, True)
 
     def _vanished_failures(self, present: set[str]) -> tuple[list[Failure], list[Failure]]:
-        """Pods of this attempt that are gone but left Events (or an injected-fault record).
-
-        Returns (node losses, other deletions); the latter explain a failed Job only when
-        nothing else does (the Job controller itself deletes the pods of a failed Job).
-        """
+        """Pods of this attempt that are gone but left Events. Returns (node losses, other deletions); the
+        latter explain a failed Job only when nothing else does (the Job controller itself deletes pods)."""
         out: list[Failure] = []
         deleted: list[Failure] = []
-        for name in sorted(set(self.pod_events) | set(self.injected)):
+        for name in sorted(self.pod_events):
             found = self._pod_name.match(name)
             if name in present or not found:
                 continue
-            index = int(found.group(1))
-            node = self._node_of(name)
-            events = self.pod_events.get(name, [])
+            events = self.pod_events[name]
             uids = [ev["involvedObject"]["uid"] for ev in events if ev["involvedObject"].get("uid")]
             uid = uids[0] if uids else name
-            at = event_time(events[-1]) if events else None
-            if name in self.injected:
-                out.append(Failure(name, uid, index, node, injected_loss(name, node), True, at=at))
-                continue
+            node = self._node_of(name)
             loss = node_loss_event(events)
             why, node_level = vanished_cause(name, node, loss)
-            if node_level:
-                out.append(Failure(name, uid, index, node, why, True, at=event_time(loss) if loss else at))
-            else:
-                deleted.append(Failure(name, uid, index, node, why, False, at=at))
+            at = event_time(loss) if loss else (event_time(events[-1]) if events else None)
+            target = out if node_level else deleted
+            target.append(Failure(name, uid, int(found.group(1)), node, why, node_level, at, node_level))
         return out, deleted
 
     def _failing(self) -> dict[str, Any] | None:
@@ -163,131 +189,148 @@ class AttemptView:
     # --- the verdict
 
     def status(self) -> AttemptStatus:
-        n = self.spec.nodes
         events: list[ObservedEvent] = []
+        if self.spec.queue:
+            queued = kueue.queue_state(self.job, self.workload, queue=self.spec.queue, kueue_missing=self.kueue_missing)
+            if queued.event is not None:
+                events.append(queued.event)
+            if queued.state == "preempted":
+                assert queued.cause is not None
+                preempted = ObservedEvent(
+                    key=f"k8s:{self.uid}:preempted", type="preempted", details=queued.cause.details()
+                )
+                return AttemptStatus(phase=AttemptPhase.failed, cause=queued.cause, events=[*events, preempted])
+            if queued.state == "waiting":
+                return AttemptStatus(phase=AttemptPhase.pending, cause=queued.cause, events=events)
+
         by_index: dict[int, dict[str, Any]] = {}
         for pod in sorted(self.pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
             by_index[completion_index(pod) or 0] = pod  # the newest pod of each index
-
-        scheduled = [p for p in by_index.values() if p.get("spec", {}).get("nodeName")]
-        if len(scheduled) >= n:
-            nodes = sorted({p["spec"]["nodeName"] for p in scheduled})
-            conds = [c for p in scheduled for c in true_conditions(p, "PodScheduled")]
-            times = [parse_ts(c.get("lastTransitionTime")) for c in conds]
-            events.append(
-                ObservedEvent(
-                    key=f"k8s:{self.uid}:scheduled",
-                    type="scheduled",
-                    node=nodes[0] if len(nodes) == 1 else None,
-                    details=_with_ts({"nodes": nodes, "pods": n}, times),
-                )
-            )
-        started = [p for p in by_index.values() if started_at(p) is not None]
-        if len(started) >= n:
-            events.append(
-                ObservedEvent(
-                    key=f"k8s:{self.uid}:running",
-                    type="running",
-                    details=_with_ts({"pods": n}, [started_at(p) for p in started]),
-                )
-            )
-
-        if condition(self.job, "Complete") or (
-            len(by_index) >= n and all(phase(p) == "Succeeded" for p in by_index.values())
-        ):
-            return AttemptStatus(phase=AttemptPhase.succeeded, events=events)
+        events += self._progress_events(by_index)
 
         failures = [f for f in (self._pod_failure(p) for p in self.pods) if f]
         lost, deleted = self._vanished_failures({p["metadata"]["name"] for p in self.pods})
         failures += lost
+        if self._succeeded(by_index, failures):
+            return AttemptStatus(phase=AttemptPhase.succeeded, events=events)
         failing = self._failing()
         if failing and not failures:
             failures = deleted
-        if failures or failing:
+        spent = self._spares_spent(failures, failing)
+        if spent is not None:
+            events += spent
+        elif failures or failing:
             return self._failed(failures, failing, events)
 
-        stuck = self._stuck()
+        stuck = pending.stuck(self.pods, image=self.spec.image or "", now=self.now, grace_s=self.image_pull_grace_s)
         if stuck is not None:
             failed, why = stuck
             return AttemptStatus(
                 phase=AttemptPhase.failed if failed else AttemptPhase.pending, cause=why, events=events
             )
+        gone = {f.index for f in failures}
+        running = [p for i, p in by_index.items() if i not in gone and phase(p) in ("Running", "Succeeded")]
+        if len(running) >= self.spec.nodes:
+            return AttemptStatus(phase=AttemptPhase.running, events=events, failed_nodes=())
+        why = pending.waiting_cause(
+            self.job,
+            self.pods,
+            self.pod_events,
+            self.job_events,
+            expected=self.expected,
+            needed=self.spec.nodes,
+            running=len(running),
+        )
+        return AttemptStatus(phase=AttemptPhase.pending, cause=why, events=events)
 
-        running = [p for p in by_index.values() if phase(p) in ("Running", "Succeeded")]
-        if len(running) >= n:
-            return AttemptStatus(phase=AttemptPhase.running, events=events)
-        return AttemptStatus(phase=AttemptPhase.pending, cause=self._pending_cause(len(running)), events=events)
+    def _progress_events(self, by_index: dict[int, dict[str, Any]]) -> list[ObservedEvent]:
+        """`scheduled` and `running`, once `nodes` pods got there."""
+        events = []
+        n = self.spec.nodes
+        scheduled = [p for p in by_index.values() if p.get("spec", {}).get("nodeName")]
+        if len(scheduled) >= n:
+            nodes = sorted({p["spec"]["nodeName"] for p in scheduled})
+            conds = [c for p in scheduled for c in true_conditions(p, "PodScheduled")]
+            details = _with_ts(
+                {"nodes": nodes, "pods": len(scheduled)}, [parse_ts(c.get("lastTransitionTime")) for c in conds]
+            )
+            if self.spec.resiliency.spare_nodes:
+                details["spares"] = self.spec.resiliency.spare_nodes
+            node = nodes[0] if len(nodes) == 1 else None
+            events.append(ObservedEvent(key=f"k8s:{self.uid}:scheduled", type="scheduled", node=node, details=details))
+        started = [p for p in by_index.values() if started_at(p) is not None]
+        if len(started) >= n:
+            details = _with_ts({"pods": len(started)}, [started_at(p) for p in started])
+            events.append(ObservedEvent(key=f"k8s:{self.uid}:running", type="running", details=details))
+        return events
+
+    def _succeeded(self, by_index: dict[int, dict[str, Any]], failures: list[Failure]) -> bool:
+        done = {i for i, p in by_index.items() if phase(p) == "Succeeded"}
+        if condition(self.job, "Complete") or len(done) >= self.expected:
+            return True
+        # with hot spares the Job ends Failed (FailedIndexes) when a spare was spent, though training finished
+        ended = condition(self.job, "Failed") or {}
+        spent = {f.index for f in failures if f.spare_ok}
+        others = [f for f in failures if not f.spare_ok]
+        return ended.get("reason") == "FailedIndexes" and len(done) >= self.spec.nodes and not others and bool(spent)
+
+    def _spares_spent(self, failures: list[Failure], failing: dict[str, Any] | None) -> list[ObservedEvent] | None:
+        """With hot spares: the events of losses the spares absorbed; None when the attempt is over (no spares,
+        a failure no spare replaces, or more losses than spares)."""
+        spares = self.spec.resiliency.spare_nodes
+        if not spares or failing or not failures or any(not f.spare_ok for f in failures):
+            return None
+        lost = {f.index for f in failures}
+        if len(lost) > spares:
+            return None
+        events = [f.event() for f in failures]
+        if len(lost) == spares:
+            nodes = sorted({f.node for f in failures if f.node})
+            text = (
+                f"all {spares} hot spare(s) are in use after losing node(s) {', '.join(nodes) or '?'}: the next node "
+                "lost ends the attempt, and the job restarts with new pods (and fresh spares) without the nodes lost"
+            )
+            details = {
+                **cause(CauseClass.node, text, reason="SparesExhausted").details(),
+                "spares": spares,
+                "nodes": nodes,
+            }
+            events.append(
+                ObservedEvent(key=f"k8s:{self.uid}:spares_exhausted", type="spares_exhausted", details=details)
+            )
+        return events
 
     def _failed(
         self, failures: list[Failure], failing: dict[str, Any] | None, events: list[ObservedEvent]
     ) -> AttemptStatus:
-        # A lost or evicting node explains the rest (ranks elsewhere fail after it), so it comes
-        # first; among the same sort of failure, the earliest is the cause.
+        # A lost or evicting node explains the rest (ranks elsewhere fail after it), so it comes first; among the
+        # same sort of failure, the earliest is the cause.
         far = datetime.max.replace(tzinfo=UTC)
         failures.sort(key=lambda f: (not f.node_level, f.at or far, f.index or 0))
         if failures:
-            why = failures[0].cause
-            # every node blamed, and the first failure of a program (later ones are its echoes)
+            why: Cause = failures[0].cause
             first_crash = next((f for f in failures if not f.node_level), None)
-            reported = [f for f in failures if f.node_level or f is first_crash]
+            reported = [
+                f for f in failures if f.node_level or f is first_crash or f.cause.cause_class == CauseClass.preempted
+            ]
         else:
             reason = (failing or {}).get("reason") or "Failed"
             message = (failing or {}).get("message") or "the Job failed"
-            deadline = reason == "DeadlineExceeded"
-            text = f"deadline exceeded: {message}" if deadline else f"{message} ({reason})"
+            text = f"deadline exceeded: {message}" if reason == "DeadlineExceeded" else f"{message} ({reason})"
             why = cause(CauseClass.other, text, reason=reason)
             reported = []
         events += [f.event() for f in reported]
         failed_nodes = tuple(sorted({f.node for f in failures if f.node_level and f.node}))
         return AttemptStatus(phase=AttemptPhase.failed, cause=why, failed_nodes=failed_nodes, events=events)
 
-    def _stuck(self) -> tuple[bool, Cause] | None:
-        """A pod that cannot start: (fail the attempt?, cause)."""
-        for pod in self.pods:
-            if pod.get("status", {}).get("phase") != "Pending":
-                continue
-            waiting = (trainer_status(pod).get("state") or {}).get("waiting") or {}
-            reason = waiting.get("reason") or ""
-            message = waiting.get("message") or ""
-            image = self.spec.image
-            node = pod.get("spec", {}).get("nodeName")
-            if reason in IMAGE_ERRORS_PERMANENT:
-                text = f"image {image} cannot be used ({reason}): {message}".rstrip(": ")
-                return True, cause(CauseClass.scheduling, text, node=node, reason=reason)
-            if reason in STUCK_WAITING_REASONS:
-                bound = [parse_ts(c.get("lastTransitionTime")) for c in true_conditions(pod, "PodScheduled")]
-                created = parse_ts(pod["metadata"].get("creationTimestamp"))
-                since = next((t for t in bound if t), None) or created
-                waited = (self.now - (since or self.now)).total_seconds()
-                pulling = "Image" in reason
-                what = f"image {image} cannot be pulled" if pulling else "the container cannot be created"
-                detail = f"{what} ({reason}): {message}".rstrip(": ")
-                if waited >= self.image_pull_grace_s:
-                    text = f"{detail}; still failing after {waited:.0f} s"
-                    return True, cause(CauseClass.scheduling, text, node=node, reason=reason)
-                text = f"{detail}; Kubernetes keeps retrying"
-                return False, cause(CauseClass.scheduling, text, node=node, reason=reason)
-        return None
 
-    def _pending_cause(self, running: int) -> Cause:
-        n = self.spec.nodes
-        for pod in self.pods:
-            for cond in pod.get("status", {}).get("conditions") or []:
-                if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-                    why = cond.get("message") or cond.get("reason")
-                    text = f"waiting for nodes ({running}/{n} pods running): {why}"
-                    return cause(CauseClass.scheduling, text, reason=cond.get("reason"))
-        for ev in reversed(self.job_events):
-            if ev.get("reason") == "FailedCreate":
-                text = f"pods cannot be created: {ev.get('message')}"
-                return cause(CauseClass.scheduling, text, reason="FailedCreate")
-        created = len(self.pods)
-        if created < n:
-            return cause(CauseClass.scheduling, f"{created}/{n} pods created")
-        bound = sum(1 for p in self.pods if p.get("spec", {}).get("nodeName"))
-        if bound < n:
-            return cause(CauseClass.scheduling, f"waiting for the scheduler ({bound}/{n} pods bound to nodes)")
-        return cause(CauseClass.scheduling, f"containers starting ({running}/{n} pods running)")
+def _healthy(pod: dict[str, Any]) -> bool:
+    """Running and Ready, or done."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    if phase(pod) == "Succeeded":
+        return True
+    return phase(pod) == "Running" and bool(true_conditions(pod, "Ready"))
 
 
 def _with_ts(details: dict[str, Any], times: Iterable[datetime | None]) -> dict[str, Any]:
