@@ -15,14 +15,17 @@ events queued since the last report. The training side never waits on it:
 - a reply may carry fault directives for this node, handed to `on_faults`.
 
 `ReportBuffer` holds the state and decides what the next report carries and what a reply
-means, with no I/O of its own; `Uplink` drives it from a thread with httpx. The scale benchmark
-drives thousands of buffers through the same class. The token is sent in the Authorization
-header and never logged.
+means, with no I/O of its own; `Uplink` drives it from a thread with httpx (the node agent), and
+`AsyncUplink` from an asyncio task with httpx's async client (the scale benchmark drives
+thousands of them in one process). Both take every decision through `ReportBuffer`, `classify`
+and `Report.body`. The token is sent in the Authorization header and never logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import email.utils
 import logging
 import random
@@ -104,6 +107,66 @@ def classify(status: int, text: str, retry_after: str | None, path: str) -> Outc
     return Outcome(ok=False, reason=reason)
 
 
+def outcome_of(response: httpx.Response, path: str) -> Outcome:
+    """What a POST's (read) response means, with the reply's JSON when it was accepted."""
+    outcome = classify(response.status_code, response.text, response.headers.get("Retry-After"), path)
+    if outcome.ok:
+        try:
+            outcome.reply = response.json()
+        except ValueError:
+            outcome.reply = None
+    return outcome
+
+
+def new_event(
+    type: str,
+    *,
+    node: str,
+    attempt: int,
+    rank: int | None = None,
+    step: int | None = None,
+    details: dict[str, Any] | None = None,
+    key: str | None = None,
+    ts: str | None = None,
+) -> dict[str, Any]:
+    """An event of `node` as a report carries it, with its idempotency key (a new one unless given)."""
+    return {
+        "key": key or new_key(),
+        "type": type,
+        "ts": ts or utcnow_iso(),
+        "attempt": attempt,
+        "rank": rank,
+        "node": node,
+        "step": step,
+        "details": dict(details or {}),
+    }
+
+
+def fill_event(event: dict[str, Any], node: str, attempt: int) -> None:
+    """An event a rank made keeps its key, time and rank; the node and attempt are filled in."""
+    event.setdefault("node", node)
+    if event.get("attempt") is None:
+        event["attempt"] = attempt
+
+
+def log_outcome(outcome: Outcome, failures: int, retry_in: float) -> None:
+    if outcome.retry:
+        level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
+        log.log(level, "node report failed (%s); retry %d in %.1f s", outcome.reason, failures, retry_in)
+    elif not outcome.ok:
+        log.warning("control plane refused a node report (dropped): %s", outcome.reason)
+
+
+def hand_over_faults(outcome: Outcome, on_faults: Callable[[list[dict[str, Any]]], None] | None) -> None:
+    """The reply's fault directives for this node, to `on_faults` (a failure there is logged, not raised)."""
+    faults = outcome.reply.get("faults") if isinstance(outcome.reply, dict) else None
+    if faults and on_faults is not None:
+        try:
+            on_faults(list(faults))
+        except Exception:
+            log.exception("handling fault directives failed")
+
+
 @dataclass
 class ReportBuffer:
     """What the node has to tell the control plane, and when; no I/O. Not thread-safe by itself: `Uplink`
@@ -167,7 +230,8 @@ class ReportBuffer:
         """Apply what became of `report`: drop what was accepted (or refused for good), keep the rest."""
         if outcome.retry:
             self.failures += 1
-            ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2 ** (self.failures - 1))
+            # the exponent is bounded: 2 ** 1024 is past a float, and a long outage must not kill the sender
+            ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2 ** min(self.failures - 1, 64))
             delay = ceiling / 2 + random.uniform(0, ceiling / 2)
             if outcome.retry_after is not None:
                 delay = max(delay, outcome.retry_after)
@@ -187,6 +251,10 @@ class ReportBuffer:
 
     def retry_delay(self) -> float:
         return max(self.retry_at - time.monotonic(), 0.0)
+
+    def settled_all(self) -> bool:
+        """Nothing left to send: every event accepted (or refused for good), no heartbeat or liveness waiting."""
+        return not (self.events or self.heartbeats or self.status_changed)
 
 
 class Uplink:
@@ -253,16 +321,8 @@ class Uplink:
         attempt: int | None = None,
     ) -> str:
         """Queue an event of this node; returns its idempotency key."""
-        item = {
-            "key": key or new_key(),
-            "type": type,
-            "ts": ts or utcnow_iso(),
-            "attempt": self.attempt if attempt is None else attempt,
-            "rank": rank,
-            "node": self.node,
-            "step": step,
-            "details": dict(details or {}),
-        }
+        attempt = self.attempt if attempt is None else attempt
+        item = new_event(type, node=self.node, attempt=attempt, rank=rank, step=step, details=details, key=key, ts=ts)
         self.forward_event(item)
         return str(item["key"])
 
@@ -270,9 +330,7 @@ class Uplink:
         """Queue an event as a rank made it (its key, time and rank kept; the node and attempt filled in)."""
         if not self.enabled:
             return
-        event.setdefault("node", self.node)
-        if event.get("attempt") is None:
-            event["attempt"] = self.attempt
+        fill_event(event, self.node, self.attempt)
         with self._cond:
             kept = self.buffer.add_event(event)
             self._cond.notify()
@@ -312,7 +370,7 @@ class Uplink:
             self.buffer.retry_at = 0.0
             self._cond.notify_all()
             try:
-                while self.buffer.events or self.buffer.heartbeats or self.buffer.status_changed or self._in_flight:
+                while not self.buffer.settled_all() or self._in_flight:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
@@ -358,23 +416,8 @@ class Uplink:
                 self._in_flight -= 1
                 failures = self.buffer.failures
                 self._cond.notify_all()
-            if outcome.retry:
-                level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
-                log.log(
-                    level,
-                    "node report failed (%s); retry %d in %.1f s",
-                    outcome.reason,
-                    failures,
-                    self.buffer.retry_delay(),
-                )
-            elif not outcome.ok:
-                log.warning("control plane refused a node report (dropped): %s", outcome.reason)
-            faults = outcome.reply.get("faults") if isinstance(outcome.reply, dict) else None
-            if faults and self.on_faults is not None:
-                try:
-                    self.on_faults(list(faults))
-                except Exception:
-                    log.exception("handling fault directives failed")
+            log_outcome(outcome, failures, self.buffer.retry_delay())
+            hand_over_faults(outcome, self.on_faults)
 
     def _post(self, report: Report) -> Outcome:
         assert self._client is not None
@@ -382,10 +425,178 @@ class Uplink:
             response = self._client.post(self.path, json=report.body(self.attempt, self.node))
         except httpx.TransportError as exc:
             return Outcome(ok=False, retry=True, reason=f"{type(exc).__name__}: {exc}")
-        outcome = classify(response.status_code, response.text, response.headers.get("Retry-After"), self.path)
-        if outcome.ok:
+        return outcome_of(response, self.path)
+
+
+class AsyncUplink:
+    """Drives a ReportBuffer from an asyncio task: the same reports, batching, retries and backoff as `Uplink`, for
+    code that lives in an event loop. The scale benchmark runs thousands of them in one process.
+
+    Call `start()` inside the running loop; the node's side (`event`, `heartbeat`, `status`) never awaits.
+    `on_settled(report, outcome, seconds)` sees each POST's outcome and duration once the buffer has settled it.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        job_id: str,
+        attempt: int,
+        token: str | None,
+        node: str,
+        *,
+        interval_s: float = 1.0,
+        backoff_base_s: float = 0.2,
+        backoff_cap_s: float = 5.0,
+        request_timeout_s: float = 5.0,
+        max_events: int = 100_000,
+        on_faults: Callable[[list[dict[str, Any]]], None] | None = None,
+        on_settled: Callable[[Report, Outcome, float], None] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not job_id:
+            raise ValueError("a job id is required")
+        self.job_id = job_id
+        self.attempt = attempt
+        self.node = node
+        self.on_faults = on_faults
+        self.on_settled = on_settled
+        self.buffer = ReportBuffer(
+            interval_s=interval_s, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, max_events=max_events
+        )
+        self.path = f"/v1/jobs/{job_id}/reports"
+        headers = {"User-Agent": "ftplane-agent"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.AsyncClient(
+            base_url=url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s)),
+            transport=transport,
+        )
+        self._wake = asyncio.Event()  # something was added, or a flush began
+        self._settled = asyncio.Event()  # a POST was settled
+        self._in_flight = False
+        self._flushing = 0
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"ftplane-uplink-{self.node}")
+
+    # ---- the node's side: O(1), never awaits ----
+
+    def event(
+        self,
+        type: str,
+        *,
+        rank: int | None = None,
+        step: int | None = None,
+        details: dict[str, Any] | None = None,
+        key: str | None = None,
+        ts: str | None = None,
+        attempt: int | None = None,
+    ) -> str:
+        """Queue an event of this node; returns its idempotency key."""
+        attempt = self.attempt if attempt is None else attempt
+        item = new_event(type, node=self.node, attempt=attempt, rank=rank, step=step, details=details, key=key, ts=ts)
+        self.forward_event(item)
+        return str(item["key"])
+
+    def forward_event(self, event: dict[str, Any]) -> None:
+        """Queue an event as a rank made it (its key, time and rank kept; the node and attempt filled in)."""
+        fill_event(event, self.node, self.attempt)
+        if not self.buffer.add_event(event):
+            log.warning(
+                "event queue full (%d): dropped %s event %s", self.buffer.max_events, event["type"], event["key"]
+            )
+        self._wake.set()
+
+    def heartbeat(self, beat: dict[str, Any]) -> None:
+        self.buffer.add_heartbeat(beat)
+        self._wake.set()
+
+    def status(self, status: dict[str, Any]) -> None:
+        """The node's newest liveness; sent with the next report."""
+        self.buffer.set_status(status)
+        self._wake.set()
+
+    def pending(self) -> tuple[int, int]:
+        """(events, heartbeats) not yet accepted."""
+        return len(self.buffer.events), len(self.buffer.heartbeats)
+
+    async def flush(self, timeout: float) -> bool:
+        """Send now, skipping any backoff wait, and wait up to `timeout` s until everything queued is accepted
+        (or refused for good); True if so."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._flushing += 1
+        self.buffer.retry_at = 0.0
+        self._wake.set()
+        try:
+            while not self.buffer.settled_all() or self._in_flight:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                self._settled.clear()
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._settled.wait()
+                except TimeoutError:
+                    return False
+            return True
+        finally:
+            self._flushing -= 1
+
+    async def close(self, timeout: float = 5.0) -> bool:
+        """Flush (bounded), then stop the task and close the client. Returns whether everything was delivered."""
+        delivered = await self.flush(timeout) if self._task is not None else self.buffer.settled_all()
+        if not delivered:
+            events, beats = self.pending()
+            log.warning("closing with %d event(s) and %d heartbeat(s) undelivered", events, beats)
+        await self.stop()
+        return delivered
+
+    async def stop(self) -> None:
+        """Stop at once: a POST in flight is abandoned, nothing more is sent (a node that is gone)."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._client.aclose()
+
+    # ---- the task ----
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            wait = self.buffer.due_in(time.monotonic(), flushing=self._flushing > 0)
+            if wait != 0.0:
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                continue
+            report = self.buffer.take(time.monotonic())
+            self._in_flight = True
+            started = time.monotonic()
             try:
-                outcome.reply = response.json()
-            except ValueError:
-                outcome.reply = None
-        return outcome
+                outcome = await self._post(report)
+            finally:
+                self._in_flight = False
+            self.buffer.settle(report, outcome, time.monotonic())
+            self._settled.set()
+            log_outcome(outcome, self.buffer.failures, self.buffer.retry_delay())
+            if self.on_settled is not None:
+                self.on_settled(report, outcome, time.monotonic() - started)
+            hand_over_faults(outcome, self.on_faults)
+            await asyncio.sleep(0)  # a flush resends without waiting: let the loop's other tasks run between tries
+
+    async def _post(self, report: Report) -> Outcome:
+        try:
+            response = await self._client.post(self.path, json=report.body(self.attempt, self.node))
+        except httpx.TransportError as exc:
+            return Outcome(ok=False, retry=True, reason=f"{type(exc).__name__}: {exc}")
+        return outcome_of(response, self.path)
