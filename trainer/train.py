@@ -169,7 +169,7 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
             # step fires (may raise, kill this process, or never return).
             reported = time.perf_counter()
             run.step(done, loss=loss_value, tokens=tokens_per_step)
-            report_s = time.perf_counter() - reported
+            enqueue_s = time.perf_counter() - reported  # what the report cost this step
 
             if metrics is not None:
                 metrics.write(
@@ -178,7 +178,7 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
                             "step": done,
                             "loss": loss_value,
                             "step_s": step_s,
-                            "report_s": report_s,
+                            "enqueue_s": enqueue_s,
                             "t": time.time(),
                         }
                     )
