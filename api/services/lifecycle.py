@@ -143,8 +143,9 @@ class Decision:
         return self.rung is None
 
 
-# Causes after which restarting cannot help: the resiliency library already decided.
-FINAL_CAUSES = frozenset({CauseClass.verdict})
+# Causes after which restarting cannot help: the resiliency library already decided, or the attempt's own
+# image cannot run it (a launch cause, e.g. EFA asked of an image without the OFI plugin).
+FINAL_CAUSES = frozenset({CauseClass.verdict, CauseClass.launch})
 # The `reason` fact of a scheduling failure the pending timeout declared (time_out_pending).
 PENDING_TIMEOUT = "PendingTimeout"
 

@@ -34,8 +34,8 @@ if [ "${FTPLANE_EFA_EXPECTED:-0}" = "1" ] || [ "$devices" -gt 0 ]; then
         if [ -e "$candidate" ]; then plugin="$candidate"; break; fi
     done
     [ -n "$plugin" ] || fail 78 "the aws-ofi-nccl plugin (libnccl-net*.so) is not in the image, so NCCL would use TCP sockets: build the image with INSTALL_EFA=1"
-    missing=$(ldd "$plugin" 2>&1 | grep "not found" | tr -s ' \t\n' ' ')
-    [ -z "$missing" ] || fail 78 "the aws-ofi-nccl plugin $plugin cannot be loaded (missing:$missing): NCCL would use TCP sockets"
+    missing=$(ldd "$plugin" 2>&1 | grep "not found" | sed 's/^[[:space:]]*//' | paste -sd ';' -)
+    [ -z "$missing" ] || fail 78 "the aws-ofi-nccl plugin $plugin cannot be loaded (missing: $missing): NCCL would use TCP sockets"
     fi_info -p efa -t FI_EP_RDM >/dev/null 2>&1 || fail 94 "libfabric finds no EFA provider (fi_info -p efa) with $devices EFA device(s): this node's EFA driver or devices do not work"
     echo "ftplane-efa-check: EFA ready ($devices devices, $plugin)"
 fi

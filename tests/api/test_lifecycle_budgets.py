@@ -71,3 +71,8 @@ def test_a_pending_timeout_retries_or_fails_as_the_spec_says() -> None:
 def test_the_verdict_still_ends_the_job_at_once() -> None:
     verdict = Cause(CauseClass.verdict, "ft_launcher exited 93")
     assert lifecycle.next_rung(job_with(), SPEC, Failure(verdict), preemptions=0).gives_up
+
+
+def test_an_image_that_cannot_run_the_pods_ends_the_job_at_once() -> None:
+    broken = Cause(CauseClass.launch, "the image cannot run this pod: its efa-check check failed (exit code 78)")
+    assert lifecycle.next_rung(job_with(), SPEC, Failure(broken)).gives_up

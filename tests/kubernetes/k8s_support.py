@@ -84,3 +84,27 @@ def running_attempt(fake: FakeKube, backend: KubernetesBackend, attempt: int = 0
     fake.schedule(name, NS)
     fake.run(name, NS)
     return name
+
+
+def spec_body(**overrides: Any) -> dict[str, Any]:
+    """A kubernetes spec as a user submits it (make_spec's fields), for the jobs API."""
+    return make_spec(**overrides).model_dump(mode="json", exclude_defaults=True)
+
+
+def submit(admin: Any, **overrides: Any) -> tuple[str, JobSpec]:
+    """Submit a kubernetes job through the API and launch its attempt 0 at once; (job id, its spec)."""
+    from tests.support.supervision import supervise
+
+    response = admin.post("/v1/jobs", json=spec_body(**overrides))
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    supervise(job_id, force_launch=True)
+    return job_id, make_spec(**overrides)
+
+
+def job_detail(admin: Any, job_id: str) -> dict[str, Any]:
+    return dict(admin.get(f"/v1/jobs/{job_id}").json())
+
+
+def events_of(admin: Any, job_id: str, type_: str) -> list[dict[str, Any]]:
+    return list(admin.get(f"/v1/jobs/{job_id}/events", params={"type": type_, "limit": 1000}).json()["items"])

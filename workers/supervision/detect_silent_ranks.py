@@ -80,13 +80,14 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     if not liveness.has_attempt(session, job.id, job.attempt):
         if not progress.reports_rank_progress(session, job, spec):
             return detect_silent_nodes(session, job, attempt, spec)
-        if attempt.launched_at is None:
+        since = _started(attempt)
+        if since is None:
             return None
-        waited = (now - attempt.launched_at).total_seconds()
+        waited = (now - since).total_seconds()
         initial = spec.resiliency.initial_heartbeat_timeout_s
         if waited <= initial:
             return None
-        cause = f"no heartbeat from any rank {waited:.1f} s after launch (initial timeout {initial:g} s)"
+        cause = f"no heartbeat from any rank {waited:.1f} s after the pods started (initial timeout {initial:g} s)"
         # no silent_s: nothing ran yet, so the hang has no onset before its detection (goodput counts the
         # wait as initialization)
         reporting.record_events(session, job, [_event(job, None, None, f"hang:a{job.attempt}:initial", cause)])
@@ -160,13 +161,14 @@ def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobS
     timeout = spec.resiliency.heartbeat_timeout_s
     rows = nodes.of_attempt(session, job.id, job.attempt)
     if not rows:
-        if attempt.launched_at is None:
+        since = _started(attempt)
+        if since is None:
             return None
-        waited = (now - attempt.launched_at).total_seconds()
+        waited = (now - since).total_seconds()
         initial = spec.resiliency.initial_heartbeat_timeout_s
         if waited <= initial:
             return None
-        cause = f"no report from any node agent {waited:.1f} s after launch (initial timeout {initial:g} s)"
+        cause = f"no report from any node agent {waited:.1f} s after the pods started (initial timeout {initial:g} s)"
         reporting.record_events(session, job, [_event(job, None, None, f"hang:a{job.attempt}:initial", cause)])
         return Silence(cause, escalate=waited > 2 * initial, silent_s=round(waited, 3))
     silent = [row for row in rows if (now - row.last_seen).total_seconds() > timeout]
@@ -194,6 +196,12 @@ def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobS
     return Silence(
         f"node lost: {summary}", worst > 2 * timeout, round(worst, 3), nodes=names, cause_class=CauseClass.node
     )
+
+
+def _started(attempt: Attempt) -> datetime | None:
+    """When the attempt's processes could first report: it started running (a queue's wait, image pulls and
+    scheduling before that are no silence), or its launch when the backend never said so."""
+    return attempt.started_at or attempt.launched_at
 
 
 def _event(
