@@ -1,0 +1,119 @@
+"""Scale benchmark: simulated 2,048-node x 8-GPU jobs (16,384 ranks each), every node reporting through the
+product's own agent reporting code, against a real `ftplane serve` (API, Celery worker and beat) on PostgreSQL and
+Redis. The method is in bench/README.md.
+
+  one job (default)   the training story: faults at a published rate, time-compressed, with recoveries; ingest,
+                      detection, events lost and the goodput API against the simulator's own ground truth
+  --jobs N            N jobs at once, training steadily, each with one node partitioned for a while: what breaks
+                      first, and whether a supervision pass over all of them fits in its period
+
+Both measure a same-run baseline first: GET /healthz on the same API.
+
+Usage: python -m bench.scale [--jobs 8] [--nodes 2048] [--sim-hours 3] [--seed 2026] [--json F] [--workdir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, machine
+from bench.scale.controlplane import control_plane
+from bench.scale.jobs import run_jobs
+from bench.scale.one_job import baseline_figures, run_one_job
+from bench.scale.params import Params
+from bench.scale.report import jobs_report, one_job_report
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    d = Params()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1, help="1: the fault story of one job; more: jobs at once")
+    parser.add_argument("--nodes", type=int, default=d.nodes)
+    parser.add_argument("--report-interval", type=float, default=0.0, help="0: the product's default for --nodes")
+    parser.add_argument("--heartbeat-timeout", type=float, default=0.0, help="0: the spec's floor (3 intervals)")
+    parser.add_argument("--supervise-interval", type=float, default=d.supervise_interval_s)
+    parser.add_argument("--api-workers", type=int, default=d.api_workers)
+    parser.add_argument("--sim-hours", type=float, default=d.sim_hours)
+    parser.add_argument("--compression", type=float, default=d.compression)
+    parser.add_argument("--mttf-1024-h", type=float, default=d.mttf_1024_h)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--mix", default=",".join(f"{k}={w:g}" for k, w in d.mix), help="fault kinds and weights")
+    parser.add_argument("--duration", type=float, default=d.duration_s, help="--jobs: seconds measured")
+    parser.add_argument("--baseline", type=float, default=5.0, help="seconds of GET /healthz before the run")
+    parser.add_argument("--database-url")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--workdir", type=Path, help="keep the logs and state here (default: a temporary directory)")
+    return parser.parse_args(argv)
+
+
+def params(args: argparse.Namespace) -> Params:
+    return Params(
+        nodes=args.nodes,
+        jobs=args.jobs,
+        report_interval_s=args.report_interval,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        supervise_interval_s=args.supervise_interval,
+        api_workers=args.api_workers,
+        compression=args.compression,
+        sim_hours=args.sim_hours,
+        mttf_1024_h=args.mttf_1024_h,
+        seed=args.seed,
+        mix=tuple((k, float(w)) for k, w in (item.split("=") for item in args.mix.split(","))),
+        duration_s=args.duration,
+    )
+
+
+def commit() -> str:
+    """The commit measured: git's HEAD (and whether api/ or workers/ differ from it), or, in an exported snapshot
+    of a commit, what FTPLANE_BENCH_COMMIT says."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        return os.environ.get("FTPLANE_BENCH_COMMIT", "unknown (not a git checkout)")
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "api", "workers"], cwd=ROOT, capture_output=True)
+    return done.stdout.strip() + (" (api/ or workers/ modified)" if dirty.stdout.strip() else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    p = params(args)
+    print(f"machine: {machine()}; commit {commit()}")
+    print(
+        f"{p.jobs} job(s) of {p.nodes} nodes x {p.gpus_per_node} GPUs = {p.ranks} ranks; every node reports every "
+        f"{p.report_interval_s:g} s (the product's default for {p.nodes} nodes unless set); heartbeat timeout "
+        f"{p.heartbeat_timeout_s:g} s; supervision every {p.supervise_interval_s:g} s",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="ftplane-scale-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        with control_plane(p, workdir, args.database_url, args.redis_url) as cp:
+            result, cpu = cp.healthz_baseline(args.baseline)
+            baseline = baseline_figures(result, cpu)
+            if p.jobs == 1:
+                figures = asyncio.run(run_one_job(p, cp, workdir, baseline))
+            else:
+                figures = asyncio.run(run_jobs(p, cp, workdir, baseline))
+    figures["cores"] = os.cpu_count()
+    figures["commit"] = commit()
+    print()
+    print(one_job_report(figures) if p.jobs == 1 else jobs_report(figures))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2, default=str))
+    return 0 if lost(figures) == 0 else 1
+
+
+def lost(figures: dict[str, Any]) -> int:
+    return int(figures["events"]["lost"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The simulated nodes of a job: each is an instance of the product's own agent reporting code (`AsyncUplink`, which
+drives `ReportBuffer`), fed as the node agent feeds its `Uplink`.
+
+Every report interval a node's agent hands its uplink the node's liveness (its `_observe`), and its ranks' newest
+heartbeats reach the uplink when they made progress (the SDK sends a heartbeat only when a step was done); events
+go at once. What a report carries, when it is sent, how it is retried and what a reply means are the product's
+decisions, not this module's. This module only counts:
+
+- node beats: each liveness handed to an uplink while the node is up (and not cut off, nor catching up after a
+  cut) is one offered; it is delivered when a report carrying it is accepted, superseded when a newer one
+  replaced it first (a report was late past an interval); the time from the hand-over to the acceptance is its
+  age;
+- each POST's outcome and duration (`on_settled`), split by whether it carried events;
+- every event key handed to an agent, and which of them an accepted (or refused) report carried.
+
+A node's network (`Network`) is the real httpx transport, with a switch that makes every request fail to connect
+(a partition) until it is healed; a frozen node's agent is stopped where it stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from bench.scale.params import Params
+from trainer.agent.uplink import AsyncUplink, Outcome, Report
+
+# One TLS context for every agent's transport: httpx builds one per client otherwise (~35 ms of CPU each).
+TLS = ssl.create_default_context()
+# httpcore asks `import sniffio` which async library runs, at every lock it sets up (several per request). Where
+# sniffio is not installed each ask is a failed import that searches sys.path again (~0.25 ms): a third of the
+# simulator's CPU. A None entry makes the import fail at once, with the answer httpcore then takes ("asyncio").
+sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat()
+
+
+class Network(httpx.AsyncBaseTransport):
+    """A node's own connection to the control plane; `cut` makes every request fail to connect."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport(verify=TLS)
+        self.cut = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.cut:
+            raise httpx.ConnectError("network partitioned by the simulator", request=request)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@dataclass
+class Tally:
+    """What a job's simulated agents offered and what the control plane accepted, while `measuring`."""
+
+    measuring: bool = False
+    ticks: int = 0  # node beats offered
+    delivered: int = 0  # (counted until the agents stop, past the window: a beat offered in it may arrive after)
+    superseded: int = 0
+    posts: int = 0
+    accepted: int = 0
+    retried: int = 0
+    refused: int = 0
+    rank_beats: int = 0  # heartbeats in accepted reports
+    post_s: list[float] = field(default_factory=list)  # reports with heartbeats and liveness only
+    post_events_s: list[float] = field(default_factory=list)  # reports that carried events
+    beat_age_s: list[float] = field(default_factory=list)
+    lag_s: list[float] = field(default_factory=list)  # how late the agents' interval timers fired
+    reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+@dataclass
+class Ledger:
+    """Every event key handed to an agent (with the ts it carried), and what became of it."""
+
+    offered: dict[str, str] = field(default_factory=dict)
+    accepted: set[str] = field(default_factory=set)
+    refused: set[str] = field(default_factory=set)
+    died: set[str] = field(default_factory=set)  # queued on a node that froze before sending them
+
+
+class SimNode:
+    """One node: its agent's uplink, its interval timer and its ranks' heartbeats."""
+
+    def __init__(self, fleet: Fleet, index: int, attempt: int) -> None:
+        p = fleet.p
+        self.fleet = fleet
+        self.name = p.node_name(index)
+        self.ranks = range(index * p.gpus_per_node, (index + 1) * p.gpus_per_node)
+        self.network = Network()
+        self.uplink = AsyncUplink(
+            fleet.url,
+            fleet.job_id,
+            attempt,
+            fleet.token,
+            self.name,
+            interval_s=p.report_interval_s,
+            on_settled=self._settled,
+            transport=self.network,
+        )
+        self.liveness = {
+            "pid": 1000 + index,
+            "launcher": {"pid": 2000 + index, "alive": True},
+            "ranks": [
+                {"rank": r, "local_rank": r % p.gpus_per_node, "pid": 3000 + r, "alive": True} for r in self.ranks
+            ],
+            "progress": "sdk",
+            "interval_s": p.report_interval_s,
+            "healthy": True,
+        }
+        self.handed: collections.deque[tuple[dict[str, Any], float, bool]] = collections.deque()
+        self.beat_sent: Beat | None = None
+        self.timer: asyncio.Task[None] | None = None
+        self.frozen = False
+        self.disturbed = False  # cut off, until a report goes through again: its beats are not counted as offered
+
+    def start(self, phase_s: float) -> None:
+        self.uplink.start()
+        self.timer = asyncio.get_running_loop().create_task(self._every_interval(phase_s))
+
+    async def _every_interval(self, phase_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + phase_s
+        while True:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            if self.fleet.tally.measuring:
+                self.fleet.tally.lag_s.append(loop.time() - due)
+            self.observe()
+            due += self.fleet.p.report_interval_s
+
+    def observe(self) -> None:
+        """What the node agent does each interval: hand over the node's liveness; the ranks' newest heartbeats
+        reach the uplink when they made progress since the last."""
+        tally = self.fleet.tally
+        status = dict(self.liveness)  # a new object: which report carried it is told by identity
+        counted = tally.measuring and not self.disturbed
+        tally.ticks += counted
+        self.handed.append((status, time.monotonic(), counted))
+        self.uplink.status(status)
+        beat = self.fleet.beat
+        if beat is not None and beat is not self.beat_sent:
+            self.beat_sent = beat
+            for rank in self.ranks:
+                self.uplink.heartbeat({**beat.fields, "rank": rank, "node": self.name})
+
+    def _settled(self, report: Report, outcome: Outcome, seconds: float) -> None:
+        tally, ledger = self.fleet.tally, self.fleet.ledger
+        keys = [e["key"] for e in report.events]
+        if outcome.ok:
+            ledger.accepted.update(keys)
+            self._delivered(report.status)  # also after the window: a beat offered in it may be delivered later
+            self.disturbed = self.network.cut
+        elif not outcome.retry:
+            ledger.refused.update(keys)
+        if not tally.measuring:
+            return
+        tally.posts += 1
+        if outcome.ok:
+            tally.accepted += 1
+            tally.rank_beats += len(report.heartbeats)
+            (tally.post_events_s if keys else tally.post_s).append(seconds)
+        else:
+            tally.retried += outcome.retry
+            tally.refused += not outcome.retry
+            tally.reasons[outcome.reason.split(":")[0][:40]] += 1
+
+    def _delivered(self, status: dict[str, Any] | None) -> None:
+        if not any(handed is status for handed, _, _ in self.handed):
+            return
+        now = time.monotonic()
+        while self.handed:
+            handed, at, counted = self.handed.popleft()
+            if handed is status:
+                self.fleet.tally.delivered += counted
+                if counted and self.fleet.tally.measuring:
+                    self.fleet.tally.beat_age_s.append(now - at)
+                return
+            self.fleet.tally.superseded += counted
+
+    async def close(self, timeout: float) -> bool:
+        if self.frozen:
+            return True
+        if self.timer is not None:
+            self.timer.cancel()
+        return await self.uplink.close(timeout)
+
+    async def freeze(self) -> None:
+        """The host stops dead: nothing more is sent; what its agent had queued dies with it."""
+        self.frozen = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.handed.clear()
+        self.fleet.ledger.died.update(e["key"] for e in self.uplink.buffer.events)
+        await self.uplink.stop()
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The ranks' newest step (every rank of the job is at the same step) and its heartbeat's fields."""
+
+    step: int
+    fields: dict[str, Any]
+
+
+class Fleet:
+    """One job's simulated nodes, all in this event loop."""
+
+    def __init__(self, p: Params, url: str, job_id: str, token: str) -> None:
+        self.p = p
+        self.url = url
+        self.job_id = job_id
+        self.token = token
+        self.nodes: list[SimNode] = []
+        self.attempt = 0
+        self.beat: Beat | None = None
+        self.tally = Tally()
+        self.ledger = Ledger()
+
+    async def start(self, attempt: int) -> None:
+        """The attempt's agents start, their intervals spread evenly (as independent pods' would be)."""
+        self.attempt = attempt
+        self.beat = None
+        self.nodes = [SimNode(self, i, attempt) for i in range(self.p.nodes)]
+        for i, node in enumerate(self.nodes):
+            node.start(self.p.report_interval_s * i / len(self.nodes))
+            if i % 256 == 255:
+                await asyncio.sleep(0)
+
+    def stepped(self, step: int, at: float, step_time_s: float, total_steps: int | None = None) -> None:
+        """Every rank finished `step` at `at` (wall clock)."""
+        fields: dict[str, Any] = {"step": step, "ts": iso(at), "step_time_s": round(step_time_s, 6)}
+        fields.update(throughput=round(4096 * 8 / step_time_s, 1), loss=round(2.0 + 1.0 / (1 + step), 4))
+        if total_steps is not None:
+            fields["total_steps"] = total_steps
+        self.beat = Beat(step, fields)
+
+    def send(self, node: int, event: dict[str, Any]) -> None:
+        """An event a rank (or the node's agent) made, queued on `node`'s uplink."""
+        self.ledger.offered.setdefault(event["key"], event["ts"])
+        self.nodes[node].uplink.forward_event(event)
+
+    def send_from_every_node(self, make: Callable[[SimNode], dict[str, Any]]) -> None:
+        """The same fact from every node's agent (one key: stored once), e.g. ft_launcher's in-job restart."""
+        for node in self.nodes:
+            event = make(node)
+            self.ledger.offered.setdefault(event["key"], event["ts"])
+            node.uplink.forward_event(event)
+
+    async def freeze(self, node: int) -> None:
+        await self.nodes[node].freeze()
+
+    def partition(self, node: int, cut: bool) -> None:
+        self.nodes[node].network.cut = cut
+        self.nodes[node].disturbed = True
+
+    async def close(self, timeout: float = 30.0) -> int:
+        """Stop every agent, flushing what it holds (bounded); returns how many left something undelivered."""
+        results = await asyncio.gather(*(node.close(timeout) for node in self.nodes))
+        self.nodes = []
+        return sum(not ok for ok in results)
+
+    def pending_events(self) -> int:
+        return sum(len(node.uplink.buffer.events) for node in self.nodes)
+
+
+async def wait_quiet(fleet: Fleet, timeout: float) -> bool:
+    """Until every queued event of `fleet` was accepted (or `timeout`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while fleet.pending_events():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
