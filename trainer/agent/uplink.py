@@ -550,7 +550,8 @@ class AsyncUplink:
 
     async def close(self, timeout: float = 5.0) -> bool:
         """Flush (bounded), then stop the task and close the client. Returns whether everything was delivered."""
-        delivered = await self.flush(timeout) if self._task is not None else self.buffer.settled_all()
+        running = self._task is not None and not self._task.done()
+        delivered = await self.flush(timeout) if running else self.buffer.settled_all()
         if not delivered:
             events, beats = self.pending()
             log.warning("closing with %d event(s) and %d heartbeat(s) undelivered", events, beats)
