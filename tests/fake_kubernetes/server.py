@@ -2,7 +2,8 @@
 
 Routes the paths the backend uses to the store: core/v1 pods (and their `eviction` subresource),
 services, secrets and events in a namespace, nodes (cluster-scoped), batch/v1 jobs, and Kueue's
-workloads; GET, list (label and field selectors, `resourceVersion` accepted), POST, PUT, PATCH, DELETE.
+workloads; GET, list (label and field selectors, pages with `limit` and `continue`, `resourceVersion`
+accepted), POST, PUT, PATCH, DELETE.
 What a real API server refuses is refused with the same `Status` (`validation`): 400/422, never a
 dropped connection. Tests inject API errors or delays on chosen calls (`fail`, `delay`) and read every
 request back from `requests`.
@@ -10,6 +11,7 @@ request back from `requests`.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import re
@@ -223,7 +225,15 @@ class _Handler(BaseHTTPRequestHandler):
                 for o in kube.list(plural, ns or None, _first(query, "labelSelector"))
                 if match_fields(_first(query, "fieldSelector"), o)
             ]
-            meta = {"resourceVersion": str(next(kube.rv))}
+            meta: dict[str, Any] = {"resourceVersion": str(next(kube.rv))}
+            limit = int(_first(query, "limit") or 0)
+            if limit:  # pages: the token is where the next one starts
+                token = _first(query, "continue")
+                start = json.loads(base64.b64decode(token))["start"] if token else 0
+                items, rest = items[start : start + limit], items[start + limit :]
+                if rest:
+                    meta["continue"] = base64.b64encode(json.dumps({"start": start + limit}).encode()).decode()
+                    meta["remainingItemCount"] = len(rest)
             return 200, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": items}
         if method == "POST":
             return 201, kube.create(plural, ns, body or {}, validate=True)

@@ -170,7 +170,7 @@ def test_node_remediation_is_off_by_default_and_brings_its_rbac(tmp_path):
     docs = with_components(tmp_path, "node-remediation")
     assert by_kind(docs, "ConfigMap")["ftplane-config"]["data"]["FTPLANE_KUBE_UNHEALTHY_NODES"] == "taint"
     role = by_kind(docs, "ClusterRole")["ftplane-node-remediation"]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
     binding = by_kind(docs, "ClusterRoleBinding")["ftplane-node-remediation"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ftplane-worker", "namespace": "ftplane"}]
     for doc in docs:
@@ -244,7 +244,7 @@ def test_the_roles_grant_exactly_what_the_backend_uses():
     in_namespace = {(g, r, v) for g, r, v, namespaced in used if namespaced}
     cluster_wide = {(g, r, v) for g, r, v, namespaced in used if not namespaced}
     assert in_namespace == rules_of(docs, "Role"), "the Role and the backend disagree"
-    assert cluster_wide == rules_of(docs, "ClusterRole") == {("", "nodes", "list")}
+    assert cluster_wide == rules_of(docs, "ClusterRole") == {("", "nodes", "list"), ("", "nodes", "get")}
     # Secrets: created only; never read, listed, changed or deleted (nothing else of the namespace is exposed)
     assert {(r, v) for _, r, v in rules_of(docs, "Role") if r == "secrets"} == {("secrets", "create")}
 

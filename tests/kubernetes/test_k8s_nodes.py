@@ -78,8 +78,9 @@ def test_an_eks_health_condition_blames_the_node_at_once(fake):
     assert event.node == sick and event.details["condition"] == "AcceleratedHardwareReady"
 
 
-def test_nodes_are_read_label_selected_from_the_cache_at_a_bounded_rate(fake):
+def test_nodes_are_read_label_selected_a_page_at_a_time_at_a_bounded_rate(fake):
     backend = backend_for(fake, node_refresh_s=20.0)
+    backend.node_health.page = 3  # 8 nodes: pages of 3, 3 and 2
     clock = [0.0]
     backend.node_health._clock = lambda: clock[0]
     spec = make_spec(scheduling={"node_selector": {"node.kubernetes.io/instance-type": "p5.48xlarge"}})
@@ -91,15 +92,25 @@ def test_nodes_are_read_label_selected_from_the_cache_at_a_bounded_rate(fake):
     for second in (0.0, 5.0, 10.0):
         clock[0] = second
         assert backend.status(JOB_ID, 0, spec).phase == AttemptPhase.running
-    assert len(reads()) == 1  # one list for three passes
+    assert len(reads()) == 1  # one page for three passes
     assert reads()[0].query["labelSelector"] == ["node.kubernetes.io/instance-type=p5.48xlarge"]
-    assert reads()[0].query["resourceVersion"] == ["0"]  # served from the API server's cache
-    # a pod that looks lost makes the next pass read the nodes again (at most every 2 s)
-    fake.not_ready(fake.pod(name, NS, 0)["spec"]["nodeName"])
-    for second, expected in ((11.0, 2), (12.0, 2), (13.5, 3)):
+    assert reads()[0].query["limit"] == ["3"] and "continue" not in reads()[0].query
+    for second in (20.0, 40.0):
         clock[0] = second
         backend.status(JOB_ID, 0, spec)
-        assert len(reads()) == expected, second
+    pages = reads()
+    assert len(pages) == 3 and all(r.query.get("continue") for r in pages[1:])  # round-robin with the token
+    (known,) = backend.node_health._selected.values()
+    assert sorted(known.states) == fake.nodes and known.token is None  # a full round: every node read once
+
+    # a pod that looks lost makes the next pass read its node, by name (at most every 2 s), not every node
+    suspect = fake.pod(name, NS, 0)["spec"]["nodeName"]
+    fake.not_ready(suspect)
+    for second, expected in ((41.0, 1), (42.0, 1), (43.5, 2)):
+        clock[0] = second
+        backend.status(JOB_ID, 0, spec)
+        assert len([r for r in fake.requests if r.path == f"/api/v1/nodes/{suspect}"]) == expected, second
+    assert len(reads()) == 3
 
 
 def test_blamed_nodes_are_tainted_or_cordoned_only_when_configured(fake):

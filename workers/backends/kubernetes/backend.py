@@ -61,7 +61,7 @@ class KubernetesBackend:
         image_pull_grace_s: float = 300.0,
         ttl_after_finished_s: int | None = None,
         clock: Callable[[], float] = time.time,
-        node_refresh_s: float = 20.0,
+        node_refresh_s: float = 2.0,
         unhealthy_nodes: str | None = None,
     ) -> None:
         self.api = KubernetesApi(api_client, settings=settings, request_timeout=request_timeout, retry=retry)
@@ -154,7 +154,7 @@ class KubernetesBackend:
         """The health of the nodes the attempt's pods are bound to (none before any is bound)."""
         if not any(p.get("spec", {}).get("nodeName") for p in view.pods):
             return {}
-        return self.node_health.states(placement.node_selector(spec), urgent=view.urgent_nodes())
+        return self.node_health.states(placement.node_selector(spec), suspects=view.suspect_nodes())
 
     def _events(self, view: AttemptView, job: dict[str, Any], ns: str) -> list[dict[str, Any]]:
         """The Job's own Events and those of the pods the view asks about: field-selected, never a namespace's."""

@@ -1,10 +1,12 @@
 """Node health: what the Node objects say about the nodes an attempt runs on, read cheaply, and what ftplane
 may do to a node it blamed.
 
-`NodeHealth` keeps, per label selector (the spec's node labels), the states of the selected nodes from one
-list served by the API server's cache (`resourceVersion=0`), read again at most every `refresh_s`, or
-every `urgent_s` while an attempt's pod looks lost (not Ready, phase Unknown, being deleted): a 2,048-node
-job does not cost 2,048 Node objects every pass. Only what health needs is kept (`NodeState`).
+`NodeHealth` keeps, per label selector (the spec's node labels), the states of the selected nodes, read a
+page of NODE_PAGE nodes at a time (a label-selected list with `limit` and `continue`), at most one page every
+`refresh_s`, round-robin: the nodes of a 2,048-node job are all read every 8 pages, and no pass decodes more
+than a page of Node objects (an EKS GPU Node, with its image list, is ~10 KB). The nodes of pods that look
+lost (not Ready, phase Unknown, being deleted) are read at once, by name, at most MAX_SUSPECTS of them, each
+at most every `urgent_s`. Only what health needs is kept (`NodeState`).
 
 A node is unhealthy (`unhealthy`) when its Ready condition has been False (NotReady) or Unknown
 (unreachable: the kubelet stopped reporting) for `grace_s`, or when a condition of the EKS node
@@ -22,9 +24,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 from api.schemas.causes import Cause, CauseClass
 from workers.backends.kubernetes.client import KubernetesApi, api_message
@@ -33,6 +37,8 @@ from workers.backends.kubernetes.objects import parse_ts
 
 log = logging.getLogger(__name__)
 
+MAX_SUSPECTS = 8
+NODE_PAGE = 256
 HEALTH_CONDITIONS = (
     "AcceleratedHardwareReady",
     "NetworkingReady",
@@ -84,44 +90,89 @@ def unhealthy(state: NodeState, now: datetime, grace_s: float = NOT_READY_GRACE_
     return cause(CauseClass.node, text, node=name, reason=reason, condition="Ready")
 
 
+@dataclass
+class _Selected:
+    """What is known of the nodes one label selector selects, read a page at a time."""
+
+    states: dict[str, NodeState] = field(default_factory=dict)
+    read_at: float = float("-inf")  # when the last page was read
+    token: str | None = None  # where the next page starts (None: from the first)
+    seen: set[str] = field(default_factory=set)  # the nodes of the pages read since the first
+
+
 class NodeHealth:
-    """The states of the nodes by label selector, read through the API server's cache, at a bounded rate."""
+    """The states of the nodes by label selector, a page of NODE_PAGE at a time (a page at most every `refresh_s`,
+    round-robin over the selected nodes), and the suspects' by name at once."""
 
     def __init__(
         self,
         api: KubernetesApi,
         *,
-        refresh_s: float = 20.0,
+        refresh_s: float = 2.0,
         urgent_s: float = 2.0,
+        page: int = NODE_PAGE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.refresh_s = refresh_s
         self.urgent_s = urgent_s
+        self.page = page
         self._clock = clock
-        self._cache: dict[str, tuple[float, dict[str, NodeState]]] = {}
+        self._selected: dict[str, _Selected] = {}
+        self._suspects: dict[str, tuple[float, NodeState | None]] = {}
         self._lock = threading.Lock()
 
-    def states(self, selector: str, *, urgent: bool = False) -> dict[str, NodeState]:
-        """The selected nodes' states, from the cache while it is fresh enough; {} when they cannot be read."""
+    def states(self, selector: str, *, suspects: Iterable[str] = ()) -> dict[str, NodeState]:
+        """The selected nodes' states as last read, the next page read when it is due, with the `suspects` (nodes
+        whose pods look lost) read afresh; what cannot be read is left as it was."""
         with self._lock:
             now = self._clock()
-            read_at, states = self._cache.get(selector, (float("-inf"), {}))
-            if now - read_at < (self.urgent_s if urgent else self.refresh_s):
-                return states
-            try:
-                items = self.api.read(
-                    "list nodes",
-                    self.api.core.list_node,
-                    label_selector=selector or None,
-                    resource_version="0",  # the API server's watch cache: no read from etcd
-                ).get("items", [])
-            except Exception as exc:
-                log.warning("kubernetes nodes unreadable (%s); node health is not checked this pass", api_message(exc))
-                return states
-            states = {n["metadata"]["name"]: node_state(n) for n in items}
-            self._cache[selector] = (now, states)
-            return states
+            known = self._selected.setdefault(selector, _Selected())
+            if now - known.read_at >= self.refresh_s:
+                self._next_page(selector, known)
+                known.read_at = now
+            out = dict(known.states)
+            for name in list(dict.fromkeys(suspects))[:MAX_SUSPECTS]:
+                seen_at, state = self._suspects.get(name, (float("-inf"), None))
+                if now - seen_at >= min(self.urgent_s, self.refresh_s):
+                    state = self._read_one(name, state)
+                    self._suspects[name] = (now, state)
+                if state is not None:
+                    out[name] = state
+            return out
+
+    def _next_page(self, selector: str, known: _Selected) -> None:
+        try:
+            page = self.api.read(
+                "list nodes",
+                self.api.core.list_node,
+                label_selector=selector or None,
+                limit=self.page,
+                _continue=known.token,
+            )
+        except ApiException as exc:
+            if exc.status == 410:  # the page token expired: start over
+                known.token, known.seen = None, set()
+            log.warning("kubernetes nodes unreadable (%s); node health not refreshed this pass", api_message(exc))
+            return
+        except Exception as exc:
+            log.warning("kubernetes nodes unreadable (%s); node health not refreshed this pass", api_message(exc))
+            return
+        for item in page.get("items", []):
+            state = node_state(item)
+            known.states[state.name] = state
+            known.seen.add(state.name)
+        known.token = (page.get("metadata") or {}).get("continue") or None
+        if known.token is None:  # a full round: nodes no longer listed are gone
+            known.states = {n: s for n, s in known.states.items() if n in known.seen}
+            known.seen = set()
+
+    def _read_one(self, name: str, known: NodeState | None) -> NodeState | None:
+        try:
+            return node_state(self.api.read("read node", self.api.core.read_node, name))
+        except Exception as exc:
+            log.warning("kubernetes node %s unreadable (%s)", name, api_message(exc))
+            return known
 
 
 def remediate(api: KubernetesApi, nodes: Iterable[str], mode: str, reason: str) -> None:

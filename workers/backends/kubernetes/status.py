@@ -115,11 +115,9 @@ class AttemptView:
                 names.append(found.group(1))
         return list(dict.fromkeys(names))[:MAX_EVENT_PODS]
 
-    def urgent_nodes(self) -> bool:
-        """A pod looks lost (not Ready while running, Unknown, being deleted): read node health now."""
-        return any(
-            p["metadata"].get("deletionTimestamp") or phase(p) == "Unknown" or not _healthy(p) for p in self.pods
-        )
+    def suspect_nodes(self) -> list[str]:
+        """The nodes of pods that look lost (bound, and not Running and Ready, or being deleted): read afresh."""
+        return [str(p["spec"]["nodeName"]) for p in self.pods if p.get("spec", {}).get("nodeName") and not _healthy(p)]
 
     # --- facts about pods
 
