@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
 
 DATABASE_RETRY_AFTER_S = 2
 
@@ -99,12 +100,14 @@ def install(app: FastAPI) -> None:
         return JSONResponse(status_code=exc.status, content=_body(exc.status, exc.message, fields), headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            status_code=exc.status_code,
-            content=_body(exc.status_code, _unreadable_body(exc) or str(exc.detail)),
-            headers=getattr(exc, "headers", None),
-        )
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = getattr(exc, "headers", None)
+        message = _unreadable_body(exc) or str(exc.detail)
+        allowed = allowed_methods(request) if exc.status_code == 405 else []
+        if allowed:  # (a static file's 405 keeps its own Allow)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            message = f"{request.method} is not allowed here: this path takes {', '.join(allowed)}"
+        return JSONResponse(status_code=exc.status_code, content=_body(exc.status_code, message), headers=headers)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
@@ -115,6 +118,20 @@ def install(app: FastAPI) -> None:
             content=_body(503, "the database is unavailable; retry shortly"),
             headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )
+
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this request's path. Starlette's own 405 names only the methods of
+    the first route whose path matched, so a path served by two routes (GET and POST) advertised one."""
+    routes = [route for route in request.app.router.routes if not isinstance(route, Mount)]
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
 
 
 def _unreadable_body(exc: StarletteHTTPException) -> str | None:

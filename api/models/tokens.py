@@ -52,6 +52,16 @@ def list_tokens(session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).order_by(ApiToken.created_at)))
 
 
+def last_admin(session: Session, token_id: str) -> ApiToken | None:
+    """The token, if it is the only active admin token (revoking it would lock every admin out of the API).
+
+    Every active admin token is locked while this transaction lasts, so two revocations at once cannot each
+    see the other's token still active and both go through."""
+    query = select(ApiToken).where(ApiToken.role == "admin", ApiToken.revoked_at.is_(None)).order_by(ApiToken.id)
+    admins = list(session.scalars(query.with_for_update()))
+    return admins[0] if len(admins) == 1 and admins[0].id == token_id else None
+
+
 def revoke(session: Session, token_id: str) -> bool:
     result = session.execute(
         update(ApiToken).where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None)).values(revoked_at=utcnow())

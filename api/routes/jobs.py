@@ -8,6 +8,7 @@ from fastapi import APIRouter, BackgroundTasks, Query, status
 
 from api.core import queue
 from api.core.errors import ApiError, responses
+from api.core.openapi import CURSOR_DESCRIPTION, CURSOR_PATTERN, link, links
 from api.database.tables import Job
 from api.deps import AdminDep, SessionDep
 from api.models import events as event_store
@@ -28,16 +29,45 @@ def load_job(session: SessionDep, job_id: str, *, for_update: bool = False) -> J
     return job
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobCreated)
+# Where a new job's id leads: every route of the job.
+_JOB = "$response.body#/id"
+JOB_LINKS = links(
+    201,
+    GetJob=link("GET", "/v1/jobs/{job_id}", "The job, its attempts and recent events.", job_id=_JOB),
+    CancelJob=link("POST", "/v1/jobs/{job_id}/cancel", "Cancel the job.", job_id=_JOB),
+    InjectFault=link("POST", "/v1/jobs/{job_id}/faults", "Inject a fault into the job.", job_id=_JOB),
+    PostReport=link("POST", "/v1/jobs/{job_id}/reports", "A node agent's report for the job.", job_id=_JOB),
+    ListNodes=link("GET", "/v1/jobs/{job_id}/nodes", "The job's nodes.", job_id=_JOB),
+    PostEvents=link("POST", "/v1/jobs/{job_id}/events", "Report events of the job.", job_id=_JOB),
+    ListEvents=link("GET", "/v1/jobs/{job_id}/events", "The job's fault history.", job_id=_JOB),
+    PostHeartbeats=link("POST", "/v1/jobs/{job_id}/heartbeats", "Report rank heartbeats.", job_id=_JOB),
+    ListRanks=link("GET", "/v1/jobs/{job_id}/ranks", "Per-rank liveness.", job_id=_JOB),
+    GetGoodput=link("GET", "/v1/jobs/{job_id}/goodput", "The job's goodput.", job_id=_JOB),
+)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobCreated, responses=JOB_LINKS)
 def submit_job(spec: JobSpec, session: SessionDep, background: BackgroundTasks, _: AdminDep) -> JobCreated:
-    """Accept a job spec. The job starts PENDING; a worker launches it. The trainer token is shown once."""
+    """Accept a job spec. The job starts PENDING; a worker launches it. The trainer token is shown once.
+
+    Rules between fields that the schema cannot state (a kubernetes job's image and checkpoint directory,
+    fault ranks within nodes x procs_per_node, timeouts that must outlast others, ...) are checked after
+    it: a spec that breaks one is refused with 422, and the message names the rule and the fields.
+    """
     job, token = job_service.submit(session, spec)
     session.commit()
     background.add_task(queue.send, queue.SUBMIT_JOB, job.id)
     return JobCreated.model_validate({**JobOut.model_validate(job).model_dump(), "token": token})
 
 
-@router.get("", response_model=JobPage)
+@router.get(
+    "",
+    response_model=JobPage,
+    responses=links(
+        200,
+        NextPage=link("GET", "/v1/jobs", "The next page.", cursor="$response.body#/next_cursor"),
+    ),
+)
 def list_jobs(
     session: SessionDep,
     _: AdminDep,
@@ -49,7 +79,7 @@ def list_jobs(
             json_schema_extra={"items": {"type": "string", "pattern": "^[^=]+="}},  # checked below
         ),
     ] = [],  # noqa: B006
-    cursor: str | None = Query(default=None, max_length=512),
+    cursor: str | None = Query(default=None, max_length=512, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION),
     limit: int = Query(default=50, ge=1, le=500),
 ) -> JobPage:
     labels: dict[str, str] = {}
@@ -96,7 +126,10 @@ def cancel_job(job_id: str, session: SessionDep, background: BackgroundTasks, _:
 )
 def inject_fault(job_id: str, fault: FaultIn, session: SessionDep, _: AdminDep) -> FaultOut:
     """Inject a fault into a running job (recorded as fault_injected when it fires). It reaches the node agent of
-    the rank's node with the reply to its next report (within one report interval)."""
+    the rank's node with the reply to its next report (within one report interval).
+
+    The rank must be one of the job's (below nodes x procs_per_node): another is refused with 422 naming it.
+    """
     job = load_job(session, job_id)
     if job.status not in (
         lifecycle.JobStatus.RUNNING,

@@ -10,6 +10,7 @@ from fastapi import APIRouter, status
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from api.core.errors import ApiError, responses
+from api.core.openapi import link, links
 from api.deps import AdminDep, SessionDep
 from api.models import tokens
 
@@ -52,7 +53,14 @@ class TokenCreated(TokenOut):
     token: str = Field(description="Shown once; only its digest is stored.")
 
 
-@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    response_model=TokenCreated,
+    status_code=status.HTTP_201_CREATED,
+    responses=links(
+        201, RevokeToken=link("DELETE", "/v1/tokens/{token_id}", "Revoke the token.", token_id="$response.body#/id")
+    ),
+)
 def create_token(body: TokenIn, session: SessionDep, _: AdminDep) -> TokenCreated:
     row, token = tokens.create_admin(session, body.name)
     return TokenCreated.model_validate({**TokenOut.model_validate(row).model_dump(), "token": token})
@@ -63,7 +71,17 @@ def list_tokens(session: SessionDep, _: AdminDep) -> list[TokenOut]:
     return [TokenOut.model_validate(t) for t in tokens.list_tokens(session)]
 
 
-@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, responses=responses(404))
+@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, responses=responses(404, 409))
 def revoke_token(token_id: str, session: SessionDep, _: AdminDep) -> None:
+    """Revoke a token (an admin's, or a job's trainer token). The last active admin token is refused with
+    409: without it no admin could use the API; create another admin token first."""
+    last = tokens.last_admin(session, token_id)
+    if last is not None:
+        raise ApiError(
+            409,
+            f"token {last.name!r} ({last.id}) is the last active admin token: revoking it would lock every admin "
+            "out of the API; create another admin token first (POST /v1/tokens, or `ftplane token create`)",
+            field="token_id",
+        )
     if not tokens.revoke(session, token_id):
         raise ApiError(404, f"no active token with id {token_id!r}", field="token_id")

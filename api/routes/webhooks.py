@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from api.core.config import get_settings
 from api.core.errors import ApiError, responses
+from api.core.openapi import CURSOR_DESCRIPTION, CURSOR_PATTERN, link, links
 from api.database.tables import WebhookSubscription
 from api.deps import AdminDep, SessionDep
 from api.schemas.events import utcnow
@@ -30,9 +31,27 @@ def load_subscription(session: SessionDep, webhook_id: str) -> WebhookSubscripti
     return row
 
 
-@router.post("", response_model=WebhookCreated, status_code=status.HTTP_201_CREATED)
+_HOOK = "$response.body#/id"
+
+
+@router.post(
+    "",
+    response_model=WebhookCreated,
+    status_code=status.HTTP_201_CREATED,
+    responses=links(
+        201,
+        GetWebhook=link("GET", "/v1/webhooks/{webhook_id}", "The subscription.", webhook_id=_HOOK),
+        DeleteWebhook=link("DELETE", "/v1/webhooks/{webhook_id}", "Unsubscribe.", webhook_id=_HOOK),
+        ListDeliveries=link("GET", "/v1/webhooks/{webhook_id}/deliveries", "Its delivery log.", webhook_id=_HOOK),
+    ),
+)
 def create_webhook(body: WebhookIn, session: SessionDep, _: AdminDep) -> WebhookCreated:
-    """Subscribe a URL to job events. The signing secret is in this response only: store it now."""
+    """Subscribe a URL to job events. The signing secret is in this response only: store it now.
+
+    Unless FTPLANE_WEBHOOK_ALLOW_PRIVATE is true, every address the URL's host resolves to must be public
+    (not loopback, private, link-local, shared, multicast or reserved): a host that resolves otherwise, or
+    not at all, is refused with 422. The schema cannot say which hosts those are.
+    """
     try:
         row, secret = subscriptions.create(session, body, allow_private=get_settings().webhook_allow_private)
     except targets.TargetRefused as exc:
@@ -57,13 +76,32 @@ def delete_webhook(webhook_id: str, session: SessionDep, _: AdminDep) -> None:
         raise ApiError(404, f"no webhook with id {webhook_id!r}", field="webhook_id")
 
 
-@router.get("/{webhook_id}/deliveries", response_model=DeliveryPage, responses=responses(404))
+_PAGE_LINKS = links(
+    200,
+    Redeliver=link(
+        "POST",
+        "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver",
+        "Send the page's first delivery again.",
+        webhook_id="$request.path.webhook_id",
+        delivery_id="$response.body#/items/0/id",
+    ),
+    NextPage=link(
+        "GET",
+        "/v1/webhooks/{webhook_id}/deliveries",
+        "The next page.",
+        webhook_id="$request.path.webhook_id",
+        cursor="$response.body#/next_cursor",
+    ),
+)
+
+
+@router.get("/{webhook_id}/deliveries", response_model=DeliveryPage, responses={**responses(404), **_PAGE_LINKS})
 def list_deliveries(
     webhook_id: str,
     session: SessionDep,
     _: AdminDep,
     status_: Literal["pending", "delivered", "failed"] | None = Query(default=None, alias="status"),
-    cursor: str | None = Query(default=None, max_length=512),
+    cursor: str | None = Query(default=None, max_length=512, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> DeliveryPage:
     """The delivery log, newest first: status, last status code and error, tries, next try."""

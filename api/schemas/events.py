@@ -13,7 +13,9 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+
+from api.schemas.scalars import JsonInt
 
 MAX_EVENTS_PER_BATCH = 1000
 MAX_HEARTBEATS_PER_BATCH = 20000
@@ -84,11 +86,34 @@ def _plausible(value: datetime) -> datetime:
 
 
 # A point in time given by a client: ISO 8601 with a time zone (a naive one was a 500 before).
-Instant = Annotated[datetime, BeforeValidator(_not_a_number), AfterValidator(_aware)]
-# When a reported event or heartbeat happened: also within a plausible window.
-ReportedAt = Annotated[Instant, AfterValidator(_plausible)]
+Instant = Annotated[
+    datetime,
+    BeforeValidator(_not_a_number),
+    AfterValidator(_aware),
+    WithJsonSchema(
+        {"type": "string", "format": "date-time", "description": "ISO 8601 with a time zone: 2026-01-31T12:00:00Z."}
+    ),
+]
+# When a reported event or heartbeat happened: also within a plausible window. Its upper end moves with the
+# control plane's clock, which no schema can state: the range is documented, and a time outside it is a 422.
+ReportedAt = Annotated[
+    Instant,
+    AfterValidator(_plausible),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "format": "date-time",
+            "description": "ISO 8601 with a time zone, from 2000-01-01T00:00:00Z to one day ahead of the control "
+            "plane's clock (a time outside that range is refused with 422: check the sender's clock).",
+        }
+    ),
+]
 
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+# Numbers as JSON writes them (not "3", not true): api/schemas/scalars.py.
+AttemptNumber = Annotated[int, JsonInt(ge=0, le=10_000)]
+Rank = Annotated[int, JsonInt(ge=0, le=1_000_000)]
+Step = Annotated[int, JsonInt(ge=0, le=10**12)]
 
 
 class EventIn(BaseModel):
@@ -99,10 +124,10 @@ class EventIn(BaseModel):
     key: IdempotencyKey = Field(description="Sender-chosen idempotency key, unique per job.")
     type: EventType
     ts: ReportedAt | None = Field(default=None, description="When it happened; defaults to receipt time.")
-    attempt: int | None = Field(default=None, ge=0, le=10_000, description="Defaults to the job's current attempt.")
-    rank: int | None = Field(default=None, ge=0, le=1_000_000)
+    attempt: AttemptNumber | None = Field(default=None, description="Defaults to the job's current attempt.")
+    rank: Rank | None = None
     node: str | None = Field(default=None, max_length=253)
-    step: int | None = Field(default=None, ge=0, le=10**12)
+    step: Step | None = None
     details: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("details")
@@ -163,20 +188,26 @@ class EventPage(BaseModel):
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rank: int = Field(ge=0, le=1_000_000)
-    step: int = Field(ge=0, le=10**12)
+    rank: Rank
+    step: Step
     ts: ReportedAt | None = None
     node: str | None = Field(default=None, max_length=253)
-    throughput: float | None = Field(default=None, ge=0, le=1e15, description="Tokens or samples per second.")
-    loss: float | None = Field(default=None, ge=-1e12, le=1e12)
-    step_time_s: float | None = Field(default=None, ge=0, le=7 * 86400, description="Seconds per step, measured.")
-    total_steps: int | None = Field(default=None, ge=1, le=10**12, description="The steps the job will run.")
+    throughput: float | None = Field(
+        default=None, strict=True, ge=0, le=1e15, description="Tokens or samples per second."
+    )
+    loss: float | None = Field(default=None, strict=True, ge=-1e12, le=1e12)
+    step_time_s: float | None = Field(
+        default=None, strict=True, ge=0, le=7 * 86400, description="Seconds per step, measured."
+    )
+    total_steps: Annotated[int, JsonInt(ge=1, le=10**12)] | None = Field(
+        default=None, description="The steps the job will run."
+    )
 
 
 class HeartbeatBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    attempt: int | None = Field(default=None, ge=0, le=10_000)
+    attempt: AttemptNumber | None = None
     heartbeats: list[HeartbeatIn] = Field(min_length=1, max_length=MAX_HEARTBEATS_PER_BATCH)
 
 

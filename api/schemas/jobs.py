@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic.config import JsonDict
 
 from api.schemas.events import EventOut
+from api.schemas.scalars import JsonInt
 
 
 class AttemptOut(BaseModel):
@@ -69,15 +71,38 @@ class JobPage(BaseModel):
     next_cursor: str | None
 
 
-class FaultIn(BaseModel):
-    """A fault to inject into a running job: at `at_step`, or now."""
+# When a fault fires, as the schema states it: exactly one of `at_step` (a step number) or `now: true`;
+# a node_loss only now. The validator below enforces the same rules, with messages that say what to send.
+_WHEN: JsonDict = {
+    "oneOf": [
+        {
+            "title": "at a step",
+            "required": ["at_step"],
+            "properties": {
+                "kind": {"enum": ["exception", "crash", "hang"]},
+                "at_step": {"type": "integer"},
+                "now": {"const": False},
+            },
+        },
+        {
+            "title": "now",
+            "required": ["now"],
+            "properties": {"now": {"const": True}, "at_step": {"type": "null"}},
+        },
+    ]
+}
 
-    model_config = ConfigDict(extra="forbid")
+
+class FaultIn(BaseModel):
+    """A fault to inject into a running job: at `at_step`, or now (`now: true`); never both. A node_loss is
+    injected now only."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_WHEN)
 
     kind: Literal["exception", "crash", "hang", "node_loss"]
-    rank: int = Field(ge=0, le=1_000_000)
-    at_step: int | None = Field(default=None, ge=0, le=10**12)
-    now: bool = False
+    rank: Annotated[int, JsonInt(ge=0, le=1_000_000)]
+    at_step: Annotated[int, JsonInt(ge=0, le=10**12)] | None = None
+    now: StrictBool = False
 
     @model_validator(mode="after")
     def _when(self) -> FaultIn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Literal
 
@@ -11,11 +12,40 @@ from api.schemas.events import EventType
 from api.schemas.spec import LabelKey, LabelValue, keys_match_pattern
 from api.webhooks.messages import DEFAULT_EVENT_TYPES
 
+# A receiver's URL as the API accepts it: http(s), a host (a name, or an IPv6 address in brackets), an
+# optional port, no credentials, printable ASCII. Every URL this matches passes the target's syntax check
+# (api/webhooks/targets.py: parse); whether its host's addresses may be called is checked when the
+# subscription is made and again before each delivery.
+_H16 = "[0-9A-Fa-f]{1,4}"
+_IPV6 = "|".join(
+    [
+        f"(?:{_H16}:){{7}}{_H16}",
+        f"(?:{_H16}:){{1,7}}:",
+        f"(?:{_H16}:){{1,6}}:{_H16}",
+        f"(?:{_H16}:){{1,5}}(?::{_H16}){{1,2}}",
+        f"(?:{_H16}:){{1,4}}(?::{_H16}){{1,3}}",
+        f"(?:{_H16}:){{1,3}}(?::{_H16}){{1,4}}",
+        f"(?:{_H16}:){{1,2}}(?::{_H16}){{1,5}}",
+        f"{_H16}:(?::{_H16}){{1,6}}",
+        f":(?:(?::{_H16}){{1,7}}|:)",
+    ]
+)
+_PORT = "(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_HOST = r"(?:[A-Za-z0-9._~!$&'()*+,;=%-]+|\[(?:" + _IPV6 + r")\])"
+URL_PATTERN = rf"^https?://{_HOST}(?::{_PORT})?(?:[/?#][\x21-\x7e]*)?$"
+_URL = re.compile(URL_PATTERN)
+
 
 class WebhookIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(min_length=1, max_length=2048, description="http(s) URL of the receiver.")
+    url: str = Field(
+        min_length=1,
+        max_length=2048,
+        description="http(s) URL of the receiver: a host name or a bracketed IPv6 address, an optional port, "
+        "no user or password, printable ASCII (percent-encode the rest).",
+        json_schema_extra={"pattern": URL_PATTERN},
+    )
     event_types: list[EventType] = Field(
         default_factory=lambda: list(DEFAULT_EVENT_TYPES),
         min_length=1,
@@ -33,6 +63,16 @@ class WebhookIn(BaseModel):
         default="standard",
         description="standard: the Standard Webhooks JSON body; slack: a Slack incoming-webhook message.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not _URL.fullmatch(value):
+            raise ValueError(
+                "must be an http:// or https:// URL with a host, an optional port and no user or password, "
+                "in printable ASCII, e.g. https://hooks.example.com/ftplane"
+            )
+        return value
 
     @field_validator("event_types")
     @classmethod
