@@ -48,6 +48,8 @@ POLICY: dict[str, str] = {
     "POST /v1/jobs/{job_id}/events": REPORTER,
     "GET /v1/jobs/{job_id}/events": ADMIN,
     "POST /v1/jobs/{job_id}/heartbeats": REPORTER,
+    "POST /v1/jobs/{job_id}/reports": REPORTER,
+    "GET /v1/jobs/{job_id}/nodes": ADMIN,
     "GET /v1/jobs/{job_id}/ranks": ADMIN,
     "GET /v1/jobs/{job_id}/goodput": ADMIN,
     "POST /v1/tokens": ADMIN,
@@ -73,6 +75,9 @@ BODIES: dict[str, Callable[[], dict[str, Any]]] = {
         "json": {"events": [{"key": uuid.uuid4().hex, "type": "checkpoint_saved", "step": 7}]}
     },
     "POST /v1/jobs/{job_id}/heartbeats": lambda: {"json": {"heartbeats": [{"rank": 0, "step": 7}]}},
+    "POST /v1/jobs/{job_id}/reports": lambda: {
+        "json": {"attempt": 0, "node": "n0", "heartbeats": [{"rank": 0, "step": 7}]}
+    },
     "POST /v1/tokens": lambda: {"json": {"name": "authz"}},
     "POST /v1/webhooks": lambda: {"json": {"url": "http://127.0.0.1:9/hook"}},
     "POST /login": lambda: {"data": {"token": "not-a-token", "next": "/"}},
