@@ -164,6 +164,10 @@ def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             _, token = tokens.create_admin(session, "fuzz")
         yield Target(app=app, token=token, db=request.param, examples=EXAMPLES[request.param])
         reset_caches()
+    on_db = {k: n for k, n in CASES.items() if k.startswith(request.param + " ")}
+    if on_db:
+        operations = {k.rsplit(" ", 1)[0] for k in on_db}
+        print(f"\nevery operation on {request.param}: {sum(on_db.values())} cases over {len(operations)} operations")
 
 
 @pytest.fixture(scope="module")
