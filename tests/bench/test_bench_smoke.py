@@ -1,5 +1,5 @@
 """Each benchmark script in bench/ end to end with tiny parameters, so the scripts cannot rot (not a measurement):
-recovery, ingest, detect, scale, and gpu's efficiency section (the one that runs without CUDA)."""
+recovery, ingest, detect, scale, k8s_status, agent, and gpu's efficiency section (the one that runs without CUDA)."""
 
 from __future__ import annotations
 
@@ -80,3 +80,19 @@ def test_gpu_efficiency_section_smoke_on_cpu(tmp_path: Path) -> None:
     saves = [line for line in result["runs"]["async"]["checkpoint_lines"] if "complete" in line]
     assert [int(line.split("checkpoint step ")[1].split()[0]) for line in saves] == [4, 8, 11]
     assert result["runs"]["none"]["steps_done"] == 11 and 0 < result["async_over_none"] < 2
+
+
+def test_agent_smoke() -> None:
+    """Both sections, tiny: two SDK ranks measured for 2 s (after 6 s for them to report), one crash."""
+    from bench import agent
+
+    require(PG_URL, "FTPLANE_TEST_DATABASE_URL")
+    assert agent.main(["--seconds", "2", "--warmup", "6", "--ranks", "2", "--kills", "1"]) == 0
+
+
+def test_k8s_status_smoke() -> None:
+    """16 pods against the fake API, two passes per case."""
+    from bench import k8s_status
+
+    result = k8s_status.main(["--pods", "16", "--passes", "2", "--node-images", "2", "--pod-padding", "10"])
+    assert set(result["results"]) == {"steady", "a page of nodes", "a node lost"}
