@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from api.schemas.kubernetes_spec import (
     HugePageSize,
+    LabelValue,
     QueueName,
     SchedulingSpec,
     SecretKeyRef,
@@ -23,12 +24,10 @@ from api.schemas.kubernetes_spec import (
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$"
 
 DnsLabel = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS_LABEL)]
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=LABEL_KEY)]
-LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE)]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME)]
 Quantity = Annotated[str, StringConstraints(max_length=32, pattern=QUANTITY)]
 

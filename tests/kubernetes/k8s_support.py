@@ -108,3 +108,16 @@ def job_detail(admin: Any, job_id: str) -> dict[str, Any]:
 
 def events_of(admin: Any, job_id: str, type_: str) -> list[dict[str, Any]]:
     return list(admin.get(f"/v1/jobs/{job_id}/events", params={"type": type_, "limit": 1000}).json()["items"])
+
+
+def start_job(admin: Any, fake: FakeKube, **overrides: Any) -> tuple[str, JobSpec, str]:
+    """Submit a kubernetes job, launch it, place and start its pods, and let supervision see it run:
+    (job id, its spec, its attempt 0's name)."""
+    from tests.support.supervision import supervise
+
+    job_id, spec = submit(admin, **overrides)
+    name = m.attempt_name(job_id, spec.name, 0)
+    fake.schedule(name, NS)
+    fake.run(name, NS)
+    supervise()
+    return job_id, spec, name

@@ -4,24 +4,13 @@ the EFA check's 94 blames the node, its 78 (the image cannot do EFA) fails the j
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.kubernetes.k8s_support import NS, events_of, job_detail, submit
+from tests.kubernetes.k8s_support import NS, events_of, job_detail, start_job, submit
 from tests.support.supervision import supervise
 from workers.backends.kubernetes import manifests as m
 
 
-def running(fake: Any, job_id: str, name: str, attempt: int = 0) -> str:
-    attempt_name = m.attempt_name(job_id, name, attempt)
-    fake.schedule(attempt_name, NS)
-    fake.run(attempt_name, NS)
-    supervise()
-    return attempt_name
-
-
 def test_exit_94_restarts_the_job_without_the_node(admin, fake, supervised):
-    job_id, spec = submit(admin)
-    a0 = running(fake, job_id, spec.name)
+    job_id, spec, a0 = start_job(admin, fake)
     sick = fake.pod(a0, NS, 1)["spec"]["nodeName"]
     fake.exit(a0, NS, 1, 94, message="GPU 3: Xid 79 (fallen off the bus)")
     supervise()
@@ -40,8 +29,7 @@ def test_exit_94_restarts_the_job_without_the_node(admin, fake, supervised):
 
 
 def test_exit_93_fails_the_job_without_a_restart(admin, fake, supervised):
-    job_id, spec = submit(admin, resiliency={"max_job_restarts": 5})
-    a0 = running(fake, job_id, spec.name)
+    job_id, spec, a0 = start_job(admin, fake, resiliency={"max_job_restarts": 5})
     fake.exit(a0, NS, 0, 93, message="ft_launcher: no progress over 3 restart cycles")
     job = fake.get("jobs", NS, a0)
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")

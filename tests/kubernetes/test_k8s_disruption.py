@@ -7,7 +7,7 @@ from __future__ import annotations
 from kubernetes import client as k8s_client
 
 from api.schemas.causes import CauseClass
-from tests.kubernetes.k8s_support import JOB_ID, NS, SPEC, events_of, job_detail, running_attempt, submit
+from tests.kubernetes.k8s_support import JOB_ID, NS, SPEC, events_of, job_detail, running_attempt, start_job
 from tests.support.supervision import supervise
 from workers.backends.base import AttemptPhase
 from workers.backends.kubernetes import manifests as m
@@ -41,11 +41,7 @@ def test_a_sigterm_without_a_disruption_is_still_a_crash(fake, backend):
 
 
 def test_spot_interruptions_restart_from_the_preemption_budget(admin, fake, supervised):
-    job_id, spec = submit(admin, resiliency={"max_job_restarts": 0, "max_preemptions": 1})
-    a0 = m.attempt_name(job_id, spec.name, 0)
-    fake.schedule(a0, NS)
-    fake.run(a0, NS)
-    supervise()
+    job_id, spec, a0 = start_job(admin, fake, resiliency={"max_job_restarts": 0, "max_preemptions": 1})
     interrupted = fake.pod(a0, NS, 0)["spec"]["nodeName"]
     fake.drain(interrupted, taint=DISRUPTED)  # Karpenter handling the spot interruption notice
     supervise()

@@ -48,29 +48,37 @@ def test_all_good_runs_the_command(node):
     ]
 
 
-def test_no_plugin_in_the_image_fails_with_78(node):
+def no_plugin(node: Path) -> None:
     (node / "opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so").unlink()
-    done = check(node, "true")
-    assert done.returncode == 78 and "the aws-ofi-nccl plugin (libnccl-net*.so) is not in the image" in done.stderr
 
 
-def test_a_plugin_that_cannot_load_fails_with_78(node):
+def plugin_cannot_load(node: Path) -> None:
     tool(node / "bin", "ldd", 'echo "libfabric.so.1 => not found"')
-    done = check(node, "true")
-    assert done.returncode == 78 and "cannot be loaded (missing: libfabric.so.1 => not found" in done.stderr
 
 
-def test_no_efa_device_on_the_node_fails_with_94(node):
+def no_device(node: Path) -> None:
     for dev in (node / "dev/infiniband").iterdir():
         dev.unlink()
-    done = check(node, "true")
-    assert done.returncode == 94 and "no EFA device" in done.stderr
 
 
-def test_no_efa_provider_fails_with_94(node):
+def no_provider(node: Path) -> None:
     tool(node / "bin", "fi_info", "exit 61")
-    done = check(node, "true")
-    assert done.returncode == 94 and "libfabric finds no EFA provider" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("broken", "code", "words"),
+    [
+        (no_plugin, 78, "the aws-ofi-nccl plugin (libnccl-net*.so) is not in the image"),
+        (plugin_cannot_load, 78, "cannot be loaded (missing: libfabric.so.1 => not found)"),
+        (no_device, 94, "no EFA device"),
+        (no_provider, 94, "libfabric finds no EFA provider"),
+    ],
+)
+def test_what_is_broken_decides_the_exit_status(node, broken, code, words):
+    broken(node)
+    done = check(node, "sh", "-c", "echo training")
+    assert done.returncode == code and words in done.stderr
+    assert "training" not in done.stdout  # the command never starts
 
 
 def test_nothing_is_checked_when_efa_is_neither_asked_for_nor_present(tmp_path):

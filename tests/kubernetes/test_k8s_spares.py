@@ -6,7 +6,16 @@ of the program spends no spare: it ends the attempt at once."""
 from __future__ import annotations
 
 from api.schemas.causes import CauseClass
-from tests.kubernetes.k8s_support import JOB_ID, NS, events_of, job_detail, make_spec, running_attempt, submit
+from tests.kubernetes.k8s_support import (
+    JOB_ID,
+    NS,
+    events_of,
+    job_detail,
+    make_spec,
+    running_attempt,
+    start_job,
+    submit,
+)
 from tests.support.supervision import supervise
 from workers.backends.base import AttemptPhase
 from workers.backends.kubernetes import manifests as m
@@ -41,11 +50,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_job_finishes(admin, fake, supe
 
 
 def test_when_the_spares_are_spent_the_next_loss_restarts_the_job_without_the_lost_nodes(admin, fake, supervised):
-    job_id, spec = submit(admin, resiliency={"spare_nodes": 1, "max_job_restarts": 1})
-    a0 = m.attempt_name(job_id, spec.name, 0)
-    fake.schedule(a0, NS)
-    fake.run(a0, NS)
-    supervise()
+    job_id, spec, a0 = start_job(admin, fake, resiliency={"spare_nodes": 1, "max_job_restarts": 1})
     first = fake.pod(a0, NS, 1)["spec"]["nodeName"]
     fake.exit(a0, NS, 1, 94)
     supervise()

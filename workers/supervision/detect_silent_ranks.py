@@ -80,18 +80,7 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     if not liveness.has_attempt(session, job.id, job.attempt):
         if not progress.reports_rank_progress(session, job, spec):
             return detect_silent_nodes(session, job, attempt, spec)
-        since = _started(attempt)
-        if since is None:
-            return None
-        waited = (now - since).total_seconds()
-        initial = spec.resiliency.initial_heartbeat_timeout_s
-        if waited <= initial:
-            return None
-        cause = f"no heartbeat from any rank {waited:.1f} s after the pods started (initial timeout {initial:g} s)"
-        # no silent_s: nothing ran yet, so the hang has no onset before its detection (goodput counts the
-        # wait as initialization)
-        reporting.record_events(session, job, [_event(job, None, None, f"hang:a{job.attempt}:initial", cause)])
-        return Silence(cause, escalate=waited > 2 * initial, silent_s=round(waited, 3))
+        return _never_heard(session, job, attempt, spec, "no heartbeat from any rank")
     restarting_since = event_store.latest_ts(session, job.id, job.attempt, RESTART_MARKERS)
 
     def restarting(rank: RankLiveness) -> bool:
@@ -161,16 +150,7 @@ def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobS
     timeout = spec.resiliency.heartbeat_timeout_s
     rows = nodes.of_attempt(session, job.id, job.attempt)
     if not rows:
-        since = _started(attempt)
-        if since is None:
-            return None
-        waited = (now - since).total_seconds()
-        initial = spec.resiliency.initial_heartbeat_timeout_s
-        if waited <= initial:
-            return None
-        cause = f"no report from any node agent {waited:.1f} s after the pods started (initial timeout {initial:g} s)"
-        reporting.record_events(session, job, [_event(job, None, None, f"hang:a{job.attempt}:initial", cause)])
-        return Silence(cause, escalate=waited > 2 * initial, silent_s=round(waited, 3))
+        return _never_heard(session, job, attempt, spec, "no report from any node agent")
     silent = [row for row in rows if (now - row.last_seen).total_seconds() > timeout]
     if not silent or len(silent) == len(rows):
         return None
@@ -198,10 +178,22 @@ def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobS
     )
 
 
-def _started(attempt: Attempt) -> datetime | None:
-    """When the attempt's processes could first report: it started running (a queue's wait, image pulls and
-    scheduling before that are no silence), or its launch when the backend never said so."""
-    return attempt.started_at or attempt.launched_at
+def _never_heard(session: Session, job: Job, attempt: Attempt, spec: JobSpec, what: str) -> Silence | None:
+    """Nothing heard from the attempt past the initial timeout, counted from when its processes could first report:
+    it started running (a queue's wait, image pulls and scheduling before that are no silence), or its launch when
+    the backend never said so."""
+    since = attempt.started_at or attempt.launched_at
+    if since is None:
+        return None
+    waited = (utcnow() - since).total_seconds()
+    initial = spec.resiliency.initial_heartbeat_timeout_s
+    if waited <= initial:
+        return None
+    cause = f"{what} {waited:.1f} s after the pods started (initial timeout {initial:g} s)"
+    # no silent_s: nothing ran yet, so the hang has no onset before its detection (goodput counts the wait as
+    # initialization)
+    reporting.record_events(session, job, [_event(job, None, None, f"hang:a{job.attempt}:initial", cause)])
+    return Silence(cause, escalate=waited > 2 * initial, silent_s=round(waited, 3))
 
 
 def _event(
