@@ -153,6 +153,8 @@ def run(args: argparse.Namespace) -> list[Trial]:
                 "command": ["python", "-c", "import time; time.sleep(86400)"],
                 "procs_per_node": 1,
                 "checkpoint": {"engine": "none"},
+                # The job's node agent must report at least 3 times per heartbeat timeout (a spec rule).
+                "progress": {"report_interval_s": min(1.0, args.timeout / 3)},
                 "resiliency": {
                     "heartbeat_timeout_s": args.timeout,
                     "initial_heartbeat_timeout_s": 3600,
