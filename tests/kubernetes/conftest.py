@@ -33,7 +33,8 @@ def backend_for(fake: FakeKube, **options: Any) -> KubernetesBackend:
 
 @pytest.fixture
 def backend(fake: FakeKube) -> KubernetesBackend:
-    return backend_for(fake)
+    """Node health read once (its first page) and then from the cache: request counts do not depend on timing."""
+    return backend_for(fake, node_refresh_s=3600.0)
 
 
 @pytest.fixture

@@ -134,3 +134,38 @@ def test_all_succeeded_before_the_job_says_complete():
     status = view(job(), pods).status()
     assert status.phase == AttemptPhase.succeeded
     assert [e.type for e in status.events] == ["scheduled", "running"]
+
+
+def exited(index: int, code: int, message: str = "", **status: Any) -> dict[str, Any]:
+    term = {"exitCode": code, "reason": "Error", "message": message, "finishedAt": "2026-01-01T00:10:00Z"}
+    return pod(index, "Failed", containerStatuses=[{"name": "trainer", "state": {"terminated": term}}], **status)
+
+
+def test_the_agents_exit_codes():
+    verdict = view(job(), [pod(0, "Running"), exited(1, 93, "no progress over 3 cycles")]).status()
+    assert verdict.cause.cause_class == CauseClass.verdict and verdict.failed_nodes == ()
+    assert (
+        verdict.cause.message
+        == "NVRx decided not to restart (exit code 93) on node ip-10-0-1-1: no progress over 3 cycles"
+    )
+    sick = view(job(), [pod(0, "Running"), exited(1, 94, "GPU 2: Xid 48 (double-bit ECC)")]).status()
+    assert sick.cause.cause_class == CauseClass.node and sick.failed_nodes == ("ip-10-0-1-1",)
+    assert (
+        sick.cause.message == "node ip-10-0-1-1 is unhealthy (the node agent exited 94): GPU 2: Xid 48 (double-bit ECC)"
+    )
+    assert [e.type for e in sick.events if e.type.endswith("_failed")] == ["node_failed"]
+
+
+def test_a_pod_being_evicted_is_preempted_before_it_ends():
+    leaving = pod(
+        1, "Running", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+    )
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:05:00Z"
+    status = view(job(), [pod(0, "Running"), leaving]).status()
+    assert status.phase == AttemptPhase.failed and status.cause.cause_class == CauseClass.preempted
+    assert status.failed_nodes == () and [e.type for e in status.events] == ["scheduled", "preempted"]
+
+
+def test_a_long_termination_message_is_shortened():
+    status = view(job(), [pod(0, "Running"), exited(1, 94, "x" * 5000)]).status()
+    assert len(status.cause.message) < 400 and status.cause.message.endswith("x" * 50)
