@@ -5,7 +5,8 @@ Redis. The method is in bench/README.md.
   one job (default)   the training story: faults at a published rate, time-compressed, with recoveries; ingest,
                       detection, events lost and the goodput API against the simulator's own ground truth
   --jobs N            N jobs at once, training steadily, each with one node partitioned for a while: what breaks
-                      first, and whether a supervision pass over all of them fits in its period
+                      first, and whether a supervision pass over all of them fits in its period (--steady: the
+                      same for one job)
 
 Both measure a same-run baseline first: GET /healthz on the same API.
 
@@ -35,7 +36,8 @@ from bench.scale.report import jobs_report, one_job_report
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d = Params()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=1, help="1: the fault story of one job; more: jobs at once")
+    parser.add_argument("--jobs", type=int, default=1, help="more than 1: that many jobs at once (steady)")
+    parser.add_argument("--steady", action="store_true", help="the several-jobs scenario even for --jobs 1")
     parser.add_argument("--nodes", type=int, default=d.nodes)
     parser.add_argument("--report-interval", type=float, default=0.0, help="0: the product's default for --nodes")
     parser.add_argument("--heartbeat-timeout", type=float, default=0.0, help="0: the spec's floor (3 intervals)")
@@ -85,6 +87,7 @@ def commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     p = params(args)
+    steady = args.steady or p.jobs > 1
     print(f"machine: {machine()}; commit {commit()}")
     print(
         f"{p.jobs} job(s) of {p.nodes} nodes x {p.gpus_per_node} GPUs = {p.ranks} ranks; every node reports every "
@@ -98,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         with control_plane(p, workdir, args.database_url, args.redis_url) as cp:
             result, cpu = cp.healthz_baseline(args.baseline)
             baseline = baseline_figures(result, cpu)
-            if p.jobs == 1:
-                figures = asyncio.run(run_one_job(p, cp, workdir, baseline))
-            else:
+            if steady:
                 figures = asyncio.run(run_jobs(p, cp, workdir, baseline))
+            else:
+                figures = asyncio.run(run_one_job(p, cp, workdir, baseline))
     figures["cores"] = os.cpu_count()
     figures["commit"] = commit()
     print()
-    print(one_job_report(figures) if p.jobs == 1 else jobs_report(figures))
+    print(jobs_report(figures) if steady else one_job_report(figures))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, default=str))
     return 0 if lost(figures) == 0 else 1

@@ -48,7 +48,8 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         "duties": duty_figures(cp.duty_durations(), p.supervise_interval_s, window),
         "detection": detection_figures(sim),
         "events": event_figures(sim.fleet, events, listing_s, hang_windows(sim, p)),
-        "goodput": goodput_figures(sim, goodput, goodput_ms),
+        "aborted": sim.aborted,
+        "goodput": goodput_figures(sim, goodput, goodput_ms) if sim.aborted is None else None,
         "faults": [vars(f) | {"at_s": f.injected - sim.launch} for f in sim.faults],
     }
     return figures

@@ -130,6 +130,9 @@ def one_job_report(f: dict[str, Any]) -> str:
         f"({ev['false_hang_detected']} outside a simulated silence); listing took {ev['listing_s']:.1f} s"
     )
     g = f["goodput"]
+    if g is None:
+        lines += ["", f"the story stopped early ({f['aborted']}): no goodput comparison", "", "goals:"]
+        return "\n".join([*lines, *goals(f["ingest"], f["cpu"], ev["lost"])])
     lines += [
         "",
         f"goodput: ftplane ETTR {g['ettr']:.4f} vs truth {g['truth_ettr']:.4f} ({g['ettr'] - g['truth_ettr']:+.4f}); "

@@ -24,6 +24,7 @@ from bench.scale.params import Params
 from bench.scale.truth import Fault, Observer, Truth
 
 CHECKPOINT_BYTES = 16 * 10**9 * 12  # an 8B-parameter model's weights and optimizer state
+ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 class Simulation:
@@ -55,6 +56,7 @@ class Simulation:
         self.end_at = math.inf
         self.launch = 0.0
         self.end = 0.0
+        self.aborted: str | None = None  # why the story stopped before its end, if it did
 
     async def sleep_until(self, t: float) -> None:
         await asyncio.sleep(max(0.0, t - time.time()))
@@ -104,7 +106,25 @@ class Simulation:
         start = max(time.time(), pod + p.real(p.init_sim_s))  # processes start, NCCL initializes, the model is built
         await self.sleep_until(start)
         self.truth.add(self.launch, start, "initialization")
-        await self.train_from(start, 0, end)
+        try:
+            await self.train_from(start, 0, end)
+        except TimeoutError as exc:  # the control plane did not do what the story waits for: stop, keep the figures
+            self.aborted = str(exc)
+            print(f"  {time.time() - self.launch:7.1f} s  story stopped: {exc}", flush=True)
+            await self.stop()
+
+    async def stop(self) -> None:
+        """End early: the agents stop (flushing what they can), the real process exits, the end is noted."""
+        if self.fleet.tally.measuring:
+            self.fleet.tally.measuring = False
+            self.window.end()
+        await self.fleet.close(10.0)
+        self.flag.touch()
+        try:
+            seen = await self.observer.job_until("ended", lambda job: job["status"] in ENDED, 60)
+            self.end = seen.at
+        except TimeoutError:
+            self.end = time.time()
 
     async def train_from(self, start: float, start_step: int, end: float) -> None:
         """Runs until the end of the simulated time: training, faults and their recoveries."""
@@ -137,7 +157,7 @@ class Simulation:
 
     async def advance(self, until: float, bucket: str) -> bool:
         """Spend time in `bucket` up to `until`; False when a fault or the end comes first (time stops there)."""
-        stop = min(until, self.fault_at, self.end_at)
+        stop = max(self.t, min(until, self.fault_at, self.end_at))  # an end that passed during a recovery: now
         self.truth.add(self.t, stop, bucket)
         self.t = stop
         await self.sleep_until(stop)
@@ -243,6 +263,7 @@ class Simulation:
         is reported but the other agents' liveness. ftplane must notice the silence (hang_detected) and restart
         the job (a new attempt, launched by the real backend); the new pods then start up."""
         p = self.p
+        await self.observer.skip("hang_detected")  # a false hang of a lagging ingest is not this fault's detection
         await self.fleet.freeze(fault.node)
         patience = 2 * p.heartbeat_timeout_s + 2 * p.report_interval_s + 4 * p.supervise_interval_s + 60
         fault.detected = await self.observer.first_event("hang_detected", self.attempt, patience)

@@ -6,8 +6,8 @@ and notes the time on its own clock when it first saw it (`Observer`):
 
 - a launch: the job's status leaves PENDING (polled), and the launched process writes the time it started into a
   file of the simulator's (`pod_started`);
-- a detection: a `hang_detected` of the attempt appears in the job's events (polled, paged forward by event id:
-  no filter on ftplane's timestamps);
+- a detection: a `hang_detected` of the attempt appears in the job's events after those stored before the fault
+  (polled, paged forward by event id: no filter on ftplane's timestamps);
 - an escalation: the job's attempt number goes up (polled);
 - the end: the job's status reads SUCCEEDED (polled).
 
@@ -83,6 +83,16 @@ class Observer:
         self.poll_s = poll_s
         self.marks = marks
         self.cursors: dict[str, int] = {}
+
+    async def skip(self, type_: str) -> None:
+        """Look past every `type_` event stored so far (before a fault: an earlier event is not its detection)."""
+        while True:
+            params = {"type": type_, "cursor": self.cursors.get(type_, 0), "limit": 1000}
+            page = await self._get(f"/v1/jobs/{self.job_id}/events", params)
+            if page["items"]:
+                self.cursors[type_] = int(page["items"][-1]["id"])
+            if not page["next_cursor"]:
+                return
 
     async def first_event(self, type_: str, attempt: int, timeout: float) -> Seen:
         """When a `type_` event of `attempt` was first seen. The events of each type are paged forward from where
