@@ -257,7 +257,44 @@ class ReportBuffer:
         return not (self.events or self.heartbeats or self.status_changed)
 
 
-class Uplink:
+def client_options(url: str, token: str | None, request_timeout_s: float) -> dict[str, Any]:
+    """The HTTP client both drivers use: the control plane's URL, the token in the Authorization header, timeouts."""
+    headers = {"User-Agent": "ftplane-agent"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    timeout = httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s))
+    return {"base_url": url.rstrip("/"), "headers": headers, "timeout": timeout}
+
+
+class NodeEvents:
+    """What both drivers offer the node besides heartbeats and liveness: `event()` makes one of this node's
+    events and queues it through the driver's `forward_event`."""
+
+    attempt: int
+    node: str
+
+    def forward_event(self, event: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def event(
+        self,
+        type: str,
+        *,
+        rank: int | None = None,
+        step: int | None = None,
+        details: dict[str, Any] | None = None,
+        key: str | None = None,
+        ts: str | None = None,
+        attempt: int | None = None,
+    ) -> str:
+        """Queue an event of this node; returns its idempotency key."""
+        attempt = self.attempt if attempt is None else attempt
+        item = new_event(type, node=self.node, attempt=attempt, rank=rank, step=step, details=details, key=key, ts=ts)
+        self.forward_event(item)
+        return str(item["key"])
+
+
+class Uplink(NodeEvents):
     """Drives a ReportBuffer from a daemon thread: POSTs node reports to the control plane."""
 
     def __init__(
@@ -295,36 +332,11 @@ class Uplink:
         self.path = f"/v1/jobs/{job_id}/reports"
         if self.enabled:
             assert url is not None
-            headers = {"User-Agent": "ftplane-agent"}
-            if token:
-                headers["Authorization"] = f"Bearer {token}"
-            self._client = httpx.Client(
-                base_url=url.rstrip("/"),
-                headers=headers,
-                timeout=httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s)),
-                transport=transport,
-            )
+            self._client = httpx.Client(**client_options(url, token, request_timeout_s), transport=transport)
             self._thread = threading.Thread(target=self._run, name="ftplane-uplink", daemon=True)
             self._thread.start()
 
     # ---- the node's side: O(1), never waits on the network ----
-
-    def event(
-        self,
-        type: str,
-        *,
-        rank: int | None = None,
-        step: int | None = None,
-        details: dict[str, Any] | None = None,
-        key: str | None = None,
-        ts: str | None = None,
-        attempt: int | None = None,
-    ) -> str:
-        """Queue an event of this node; returns its idempotency key."""
-        attempt = self.attempt if attempt is None else attempt
-        item = new_event(type, node=self.node, attempt=attempt, rank=rank, step=step, details=details, key=key, ts=ts)
-        self.forward_event(item)
-        return str(item["key"])
 
     def forward_event(self, event: dict[str, Any]) -> None:
         """Queue an event as a rank made it (its key, time and rank kept; the node and attempt filled in)."""
@@ -428,7 +440,7 @@ class Uplink:
         return outcome_of(response, self.path)
 
 
-class AsyncUplink:
+class AsyncUplink(NodeEvents):
     """Drives a ReportBuffer from an asyncio task: the same reports, batching, retries and backoff as `Uplink`, for
     code that lives in an event loop. The scale benchmark runs thousands of them in one process.
 
@@ -464,15 +476,7 @@ class AsyncUplink:
             interval_s=interval_s, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, max_events=max_events
         )
         self.path = f"/v1/jobs/{job_id}/reports"
-        headers = {"User-Agent": "ftplane-agent"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx.AsyncClient(
-            base_url=url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s)),
-            transport=transport,
-        )
+        self._client = httpx.AsyncClient(**client_options(url, token, request_timeout_s), transport=transport)
         self._wake = asyncio.Event()  # something was added, or a flush began
         self._settled = asyncio.Event()  # a POST was settled
         self._in_flight = False
@@ -485,23 +489,6 @@ class AsyncUplink:
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"ftplane-uplink-{self.node}")
 
     # ---- the node's side: O(1), never awaits ----
-
-    def event(
-        self,
-        type: str,
-        *,
-        rank: int | None = None,
-        step: int | None = None,
-        details: dict[str, Any] | None = None,
-        key: str | None = None,
-        ts: str | None = None,
-        attempt: int | None = None,
-    ) -> str:
-        """Queue an event of this node; returns its idempotency key."""
-        attempt = self.attempt if attempt is None else attempt
-        item = new_event(type, node=self.node, attempt=attempt, rank=rank, step=step, details=details, key=key, ts=ts)
-        self.forward_event(item)
-        return str(item["key"])
 
     def forward_event(self, event: dict[str, Any]) -> None:
         """Queue an event as a rank made it (its key, time and rank kept; the node and attempt filled in)."""
