@@ -190,6 +190,14 @@ class SimNode:
                 return
             self.fleet.tally.superseded += counted
 
+    def disturb(self) -> None:
+        """The simulator cut this node off: beats it holds, and those until a report gets through again, are not
+        counted as offered (they cannot arrive)."""
+        self.disturbed = True
+        uncounted = sum(counted for _, _, counted in self.handed)
+        self.fleet.tally.ticks -= uncounted
+        self.handed = collections.deque((status, at, False) for status, at, _ in self.handed)
+
     async def close(self, timeout: float) -> bool:
         if self.frozen:
             return True
@@ -264,7 +272,7 @@ class Fleet:
 
     def partition(self, node: int, cut: bool) -> None:
         self.nodes[node].network.cut = cut
-        self.nodes[node].disturbed = True
+        self.nodes[node].disturb()
 
     async def close(self, timeout: float = 30.0) -> int:
         """Stop every agent, flushing what it holds (bounded); returns how many left something undelivered."""

@@ -84,7 +84,7 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
                 "status": job["status"],
                 "attempts": job["attempt"] + 1,
                 "events": event_figures(run.fleet, events, 0.0, hangs),
-                "ingest": ingest_figures(run.fleet, window, {}),  # the API's CPU is shared: no cost per job
+                "ingest": ingest_figures(run.fleet, window, {}, p.nodes),  # the API's CPU is shared: no cost per job
             }
     total = merged(runs)
     return {
@@ -92,7 +92,7 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         "baseline": baseline,
         "cpu": window.cpu,
         "cut_s": cut_length(p),
-        "ingest": ingest_figures(total, window, baseline),
+        "ingest": ingest_figures(total, window, baseline, p.nodes * p.jobs),
         "duties": duty_figures(cp.duty_durations(), p.supervise_interval_s, window),
         "jobs": [
             {

@@ -43,7 +43,7 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         "params": vars(p),
         "baseline": baseline,
         "job": {"id": job["id"], "status": job["status"], "attempts": job["attempt"] + 1},
-        "ingest": ingest_figures(sim.fleet, window, baseline),
+        "ingest": ingest_figures(sim.fleet, window, baseline, p.nodes),
         "cpu": window.cpu,
         "duties": duty_figures(cp.duty_durations(), p.supervise_interval_s, window),
         "detection": detection_figures(sim),
@@ -70,12 +70,16 @@ async def all_events(client: httpx.AsyncClient, job_id: str) -> list[dict[str, A
 # ---- figures -------------------------------------------------------------------------------------
 
 
-def ingest_figures(fleet: Fleet, window: Window, baseline: dict[str, Any]) -> dict[str, Any]:
+def ingest_figures(fleet: Fleet, window: Window, baseline: dict[str, Any], nodes: int) -> dict[str, Any]:
+    """`nodes`: how many nodes the figures cover (the schedule asks nodes x window / interval node beats)."""
     tally = fleet.tally
     elapsed = max(window.elapsed, 1e-9)
     api_us = window.cpu.get("api", 0.0) * elapsed / max(tally.posts, 1) * 1e6
+    scheduled = nodes * elapsed / fleet.p.report_interval_s
     return {
         "window_s": elapsed,
+        "node_beats_scheduled": scheduled,
+        "offered_of_scheduled": tally.ticks / scheduled,
         "node_beats_offered": tally.ticks,
         "node_beats_delivered": tally.delivered,
         "node_beats_superseded": tally.superseded,
@@ -100,6 +104,7 @@ def ingest_figures(fleet: Fleet, window: Window, baseline: dict[str, Any]) -> di
         "api_us_per_report": api_us,
         "api_cost_vs_healthz": api_us / baseline["api_us_per_request"] if baseline.get("api_us_per_request") else None,
         "simulator_cores": window.simulator_cpu,
+        "simulator_us_per_post": window.simulator_cpu * elapsed / max(tally.posts, 1) * 1e6,
     }
 
 

@@ -30,6 +30,7 @@ def baseline_table(b: dict[str, Any]) -> str:
 def ingest_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     header = [
         "",
+        "offered of schedule",
         "node beats offered",
         "delivered",
         "superseded",
@@ -50,6 +51,7 @@ def ingest_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
         out.append(
             [
                 name,
+                f"{i['offered_of_scheduled'] * 100:.1f} %",
                 i["node_beats_offered"],
                 f"{i['delivered_fraction'] * 100:.2f} %",
                 i["node_beats_superseded"],
@@ -74,6 +76,14 @@ def cpu_table(cpu: dict[str, float]) -> str:
     names = ["api", "worker", "beat", "postgres", "pods", "simulator", "other", "machine"]
     header = ["API", "Celery worker", "beat", "PostgreSQL", "launched job(s)", "simulator", "other", "machine"]
     return table(header, [[cpu.get(n, float("nan")) for n in names]])
+
+
+def simulator_line(i: dict[str, Any]) -> str:
+    return (
+        f"simulator: {i['simulator_cores']:.2f} cores, {i['simulator_us_per_post']:,.0f} µs of its CPU per POST; its "
+        f"interval timers fired late by {i['timer_lag_p99_ms']:.0f} ms at p99 (a late timer offers its node beat "
+        f"late: offered {i['offered_of_scheduled'] * 100:.1f} % of the schedule)"
+    )
 
 
 def duties_table(d: dict[str, Any]) -> str:
@@ -103,6 +113,7 @@ def one_job_report(f: dict[str, Any]) -> str:
     lines += ["baseline (same API, before the job):", baseline_table(f["baseline"]), ""]
     lines += ["ingest (the measured window: first agent start to the end of training):"]
     lines += [ingest_table([("job", f["ingest"])]), ""]
+    lines += [simulator_line(f["ingest"]), ""]
     lines += [f"CPU over the window (cores; the machine has {f.get('cores', '?')}):", cpu_table(f["cpu"]), ""]
     lines += ["supervision duties (the worker's log):", duties_table(f["duties"]), ""]
     det = f["detection"]
@@ -155,10 +166,7 @@ def jobs_report(f: dict[str, Any]) -> str:
     rows = [(f"job {j['job']}", j["ingest"]) for j in f["jobs"]] + [("all", f["ingest"])]
     lines += ["ingest per job and in all (API µs/report: the API's CPU over all the jobs' reports):"]
     lines += [ingest_table(rows), ""]
-    lines.append(
-        f"simulator: {f['ingest']['simulator_cores']:.2f} cores; its interval timers fired late by "
-        f"{f['ingest']['timer_lag_p99_ms']:.0f} ms at p99 (a late timer offers its node beat late)"
-    )
+    lines.append(simulator_line(f["ingest"]))
     lines += [f"CPU over the window (cores; the machine has {f.get('cores', '?')}):", cpu_table(f["cpu"]), ""]
     lines += ["supervision duties (the worker's log):", duties_table(f["duties"]), ""]
     det = [
