@@ -210,6 +210,7 @@ class SimNode:
         self.frozen = True
         if self.timer is not None:
             self.timer.cancel()
+        self.disturb()
         self.handed.clear()
         self.fleet.ledger.died.update(e["key"] for e in self.uplink.buffer.events)
         await self.uplink.stop()
