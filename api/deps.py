@@ -73,24 +73,28 @@ def require_reporter(job_id: str, principal: PrincipalDep) -> Principal:
 ReporterDep = Annotated[Principal, Depends(require_reporter)]
 
 
+def within_limit(principal: Principal, endpoint: str) -> Principal:
+    """The principal, when its token has not used up its rate limit on this ingest endpoint (else 429)."""
+    limiter = ratelimit.ingest_limiter()
+    wait = limiter.take(f"{principal.token_id}:{endpoint}") if limiter else 0.0
+    if wait > 0:
+        seconds = ratelimit.retry_after(wait)
+        raise ApiError(
+            429,
+            f"this token sent {endpoint} faster than its rate limit; retry in {seconds} s",
+            headers={"Retry-After": str(seconds)},
+        )
+    return principal
+
+
 def within_ingest_limit(endpoint: str) -> Callable[[Principal], Principal]:
     """A reporter whose token has not used up its rate limit on this ingest endpoint (else 429)."""
 
     def check(principal: ReporterDep) -> Principal:
-        limiter = ratelimit.ingest_limiter()
-        wait = limiter.take(f"{principal.token_id}:{endpoint}") if limiter else 0.0
-        if wait > 0:
-            seconds = ratelimit.retry_after(wait)
-            raise ApiError(
-                429,
-                f"this token sent {endpoint} faster than its rate limit; retry in {seconds} s",
-                headers={"Retry-After": str(seconds)},
-            )
-        return principal
+        return within_limit(principal, endpoint)
 
     return check
 
 
 EventsReporterDep = Annotated[Principal, Depends(within_ingest_limit("events"))]
 HeartbeatsReporterDep = Annotated[Principal, Depends(within_ingest_limit("heartbeats"))]
-NodeReporterDep = Annotated[Principal, Depends(within_ingest_limit("reports"))]

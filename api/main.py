@@ -9,6 +9,7 @@ from api.core.config import Settings, get_settings
 from api.core.limits import BodySizeLimit, TextGuard
 from api.core.logging import configure_logging
 from api.routes import dashboard, goodput, health, jobs, metrics, reports, tokens, webhooks
+from api.services import liveness_writer, report_gate
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
@@ -33,4 +34,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     for router in (metrics.router, dashboard.router):
         app.include_router(router)
     dashboard.mount_static(app)
+    reports.document(app)
+    report_gate.forget_all()  # a new app (tests switch databases) starts with nothing cached
+    liveness_writer.reset()
     return app

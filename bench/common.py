@@ -241,6 +241,7 @@ class Load:
     duration_s: float
     max_requests: int
     warmup_s: float = 1.0
+    method: str = "POST"  # GET sends no body
 
 
 @dataclass
@@ -304,7 +305,8 @@ async def _drive(load: Load, report: Callable[[Any], None]) -> LoadResult:
             body = load.templates[i % len(load.templates)]
             body = body.replace(b"@STEP@", str(i).encode()).replace(b"@TS@", _now_iso().encode())
             t = time.perf_counter()
-            async with session.post(load.path, data=body) as response:
+            data = body if load.method != "GET" else None
+            async with session.request(load.method, load.path, data=data) as response:
                 await response.read()
                 return (time.perf_counter() - t) * 1000, response.status
 

@@ -1,35 +1,28 @@
-"""Ingest benchmark: heartbeats into the API under uvicorn on PostgreSQL.
+"""Ingest benchmark: node agents' reports into the API under uvicorn, against GET /healthz of the same server.
 
-A fresh PostgreSQL database, `uvicorn api.main:create_app` (the API alone, embedded broker), one
-job of 2,048 nodes x 8 ranks (kubernetes backend, never launched: nothing consumes the broker), and
-a load generator in a separate process (aiohttp, closed loop, keep-alive, loopback) posting with the
-job's own trainer token. Each request carries fresh `ts` and `step` values, so every beat is a real
-update of its rank's liveness row.
+A fresh database (PostgreSQL, and the embedded SQLite default), `uvicorn api.main:create_app` (the
+API alone, embedded broker), one job of 2,048 nodes x 8 ranks (kubernetes backend, never launched),
+and a load generator in a separate process (aiohttp, closed loop, keep-alive, loopback) with the
+job's own trainer token. Modes, one after the other against the same server:
 
-Modes, each bounded by --duration and --max-requests:
-  single   1 beat per POST       (the baseline: what one rank's reporter sends)
-  node     8 beats per POST      (one node agent, one POST per report interval)
-  batch    N beats per POST      (an aggregating agent; N = --batch)
+  healthz     GET /healthz: the baseline, what the cheapest request of this server costs
+  report      POST /v1/jobs/{id}/reports: one node agent's report (node liveness and its 8 ranks'
+              heartbeats, no events), each from the next of the 2,048 nodes, fresh `ts` and `step`
+  heartbeats  POST /v1/jobs/{id}/heartbeats with the same 8 heartbeats (the per-rank route, for reference)
 
-Figures per mode: rank-beats/s accepted, requests/s, p50/p99 request latency, CPU used by the
-API, PostgreSQL (the backends of the bench database and the server's own processes) and the load
-generator, in cores, and what else ran on the machine meanwhile ("other": this host is shared),
-all over the measured window only (the load generator's spawn, its warm-up and its exit excluded);
-CPU microseconds per beat (API, PostgreSQL); the ratio to the single-beat baseline. With
---fillfactor N, the batch mode once more on a database whose rank_liveness has that fillfactor
-(room for HOT updates: a schema change the project does not make), to measure what it would give.
+Figures per mode: requests/s and rank-beats/s accepted, p50/p99 request latency, CPU of the API
+and of PostgreSQL and the load generator in cores over the measured window only (the generator's
+spawn, warm-up and exit excluded), and "other" (what else ran on this shared host meanwhile).
+The goal (issue: cheap ingest): a report costs at most 2x a GET /healthz of the same server in the
+same run, a throughput ratio report/healthz >= 0.5, with p99 under 50 ms at that load.
 
-Target: >= 50,000 rank-beats/s batched with p99 < 50 ms on 2 cores.
-
-Usage: python -m bench.ingest [--workers 2] [--duration 15] [--batch 1024] [--modes single,node,batch]
-                              [--fillfactor 50]
+Usage: python -m bench.ingest [--workers 1] [--duration 15] [--concurrency 8] [--databases postgresql,sqlite]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -37,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from bench.common import (
@@ -48,7 +40,6 @@ from bench.common import (
     fresh_database,
     machine,
     postgres_processes,
-    ratio,
     run_load,
     table,
     uvicorn_api,
@@ -56,57 +47,64 @@ from bench.common import (
 
 NODES = 2048
 RANKS_PER_NODE = 8
-TARGET_BEATS_PER_S = 50_000
-TARGET_P99_MS = 50.0
+GOAL_RATIO = 0.5
+GOAL_P99_MS = 50.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Mode:
     name: str
+    method: str
     beats_per_request: int
-    concurrency: int
+
+
+MODES = {
+    "healthz": Mode("healthz", "GET", 0),
+    "report": Mode("report", "POST", RANKS_PER_NODE),
+    "heartbeats": Mode("heartbeats", "POST", RANKS_PER_NODE),
+}
 
 
 @dataclass
 class Outcome:
-    label: str
+    database: str
     mode: Mode
     load: LoadResult
     cpu: dict[str, float]
 
     @property
-    def beats_per_s(self) -> float:
-        return len(self.load.latencies_ms) * self.mode.beats_per_request / self.load.elapsed_s
-
-    @property
     def requests_per_s(self) -> float:
         return len(self.load.latencies_ms) / self.load.elapsed_s
 
-    def us_per_beat(self, group: str) -> float:
-        return self.cpu[group] / self.beats_per_s * 1e6 if self.beats_per_s else math.nan
-
     @property
-    def projected(self) -> float:
-        """Beats/s if the API and PostgreSQL had the 2 cores to themselves (CPU per beat as measured)."""
-        per_beat = (self.cpu["api"] + self.cpu["postgres"]) / self.beats_per_s if self.beats_per_s else math.nan
-        return 2.0 / per_beat if per_beat else math.nan
-
-    @property
-    def met(self) -> bool:
-        return self.beats_per_s >= TARGET_BEATS_PER_S and self.load.p(99) < TARGET_P99_MS
+    def beats_per_s(self) -> float:
+        return self.requests_per_s * self.mode.beats_per_request
 
 
-def templates(beats_per_request: int, ranks: int) -> list[bytes]:
-    """Bodies covering every rank in turn; @STEP@ and @TS@ are filled in per request."""
+def beats(node: int) -> str:
+    return ",".join(
+        f'{{"rank":{r},"step":@STEP@,"ts":"@TS@","node":"node-{node:04d}","throughput":123456.7,"loss":2.5,'
+        f'"step_time_s":0.42}}'
+        for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
+    )
+
+
+def report_bodies() -> list[bytes]:
+    """One node agent's report per node, as trainer/agent/uplink.py sends it (no events)."""
     out = []
-    for first in range(0, ranks, beats_per_request):
-        beats = [
-            f'{{"rank":{r},"step":@STEP@,"ts":"@TS@","node":"node-{r // RANKS_PER_NODE:04d}",'
-            f'"throughput":123456.7,"loss":2.5}}'
-            for r in range(first, min(ranks, first + beats_per_request))
-        ]
-        out.append(('{"attempt":0,"heartbeats":[' + ",".join(beats) + "]}").encode())
+    for node in range(NODES):
+        ranks = ",".join(
+            f'{{"rank":{r},"local_rank":{r % RANKS_PER_NODE},"pid":{1000 + r},"alive":true}}'
+            for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
+        )
+        agent = f'{{"pid":1,"launcher":{{"pid":2,"alive":true}},"ranks":[{ranks}],"progress":"sdk","interval_s":8.0}}'
+        body = f'{{"attempt":0,"node":"node-{node:04d}","agent":{agent},"heartbeats":[{beats(node)}],"events":[]}}'
+        out.append(body.encode())
     return out
+
+
+def heartbeat_bodies() -> list[bytes]:
+    return [f'{{"attempt":0,"heartbeats":[{beats(node)}]}}'.encode() for node in range(NODES)]
 
 
 def create_job(url: str, admin: str) -> tuple[str, str]:
@@ -125,158 +123,155 @@ def create_job(url: str, admin: str) -> tuple[str, str]:
     return body["id"], body["token"]
 
 
-def set_fillfactor(database_url: str, fillfactor: int) -> None:
-    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as connection:
-        connection.execute(text(f"ALTER TABLE rank_liveness SET (fillfactor = {int(fillfactor)})"))
-    engine.dispose()
-
-
-def run_config(label: str, modes: list[Mode], args: argparse.Namespace, fillfactor: int | None) -> list[Outcome]:
+def run_database(kind: str, args: argparse.Namespace) -> list[Outcome]:
     """A fresh database and API; each mode in turn against the same job."""
     outcomes = []
-    with tempfile.TemporaryDirectory(prefix="ftplane-ingest-") as tmp, fresh_database(args.database_url) as db:
-        if fillfactor:
-            set_fillfactor(db, fillfactor)
-        admin = create_admin_token(db)
-        database = make_url(db).database
-        with uvicorn_api(db, Path(tmp), workers=args.workers) as server:
-            job_id, token = create_job(server.url, admin)
-            meter = CpuMeter({"api": server.processes, "postgres": lambda: postgres_processes(database)})
-            for mode in modes:
-                print(
-                    f"{label} / {mode.name}: {mode.beats_per_request} beat(s) per POST, {mode.concurrency} connections"
-                )
-                load = Load(
-                    url=server.url,
-                    path=f"/v1/jobs/{job_id}/heartbeats",
-                    token=token,
-                    templates=templates(mode.beats_per_request, NODES * RANKS_PER_NODE),
-                    concurrency=mode.concurrency,
-                    duration_s=args.duration,
-                    max_requests=args.max_requests,
-                    warmup_s=args.warmup,
-                )
-                result, cpu = run_load(load, meter)  # the load generator's spawn and warm-up are not metered
-                outcome = Outcome(label, mode, result, cpu)
-                outcomes.append(outcome)
-                print(
-                    f"  {outcome.beats_per_s:,.0f} rank-beats/s, {outcome.requests_per_s:,.0f} req/s, "
-                    f"p50 {result.p(50):.1f} ms, p99 {result.p(99):.1f} ms, errors {result.errors}, "
-                    f"other load {outcome.cpu['other']:.2f} cores",
-                    flush=True,
-                )
-                time.sleep(1)
+    with tempfile.TemporaryDirectory(prefix="ftplane-ingest-") as tmp:
+        with fresh_database(args.database_url) if kind == "postgresql" else _sqlite(Path(tmp)) as db:
+            admin = create_admin_token(db)
+            database = make_url(db).database if kind == "postgresql" else None
+            with uvicorn_api(db, Path(tmp), workers=args.workers) as server:
+                job_id, token = create_job(server.url, admin)
+                groups = {"api": server.processes}
+                if database:
+                    groups["postgres"] = lambda: postgres_processes(database)
+                meter = CpuMeter(groups)
+                paths = {
+                    "healthz": ("/healthz", [b""]),
+                    "report": (f"/v1/jobs/{job_id}/reports", report_bodies()),
+                    "heartbeats": (f"/v1/jobs/{job_id}/heartbeats", heartbeat_bodies()),
+                }
+                for name in args.modes.split(","):
+                    mode = MODES[name]
+                    path, bodies = paths[name]
+                    load = Load(
+                        url=server.url,
+                        path=path,
+                        token=token,
+                        templates=bodies,
+                        concurrency=args.concurrency,
+                        duration_s=args.duration,
+                        max_requests=args.max_requests,
+                        warmup_s=args.warmup,
+                        method=mode.method,
+                    )
+                    result, cpu = run_load(load, meter)
+                    outcome = Outcome(kind, mode, result, cpu)
+                    outcomes.append(outcome)
+                    print(
+                        f"{kind} / {name}: {outcome.requests_per_s:,.0f} req/s, p50 {result.p(50):.1f} ms, "
+                        f"p99 {result.p(99):.1f} ms, errors {result.errors} {result.statuses}, "
+                        f"API {cpu.get('api', 0):.2f} cores, other {cpu.get('other', 0):.2f}",
+                        flush=True,
+                    )
+                    time.sleep(1)
     return outcomes
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds measured per mode")
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of unmeasured load before each mode")
-    parser.add_argument("--max-requests", type=int, default=1_000_000, help="requests per mode, at most")
-    parser.add_argument("--batch", type=int, default=1024, help="beats per POST in the batch mode")
-    parser.add_argument("--batch-concurrency", type=int, default=2, help="connections in the batch mode")
-    parser.add_argument("--concurrency", type=int, default=32, help="connections in the single and node modes")
-    parser.add_argument("--modes", default="single,node,batch")
-    parser.add_argument(
-        "--fillfactor", type=int, default=0, help="also run batch with this rank_liveness fillfactor (0: no)"
-    )
-    parser.add_argument("--database-url", help="PostgreSQL server to create the fresh databases on")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args(argv)
+def _sqlite(directory: Path) -> object:
+    import contextlib
 
-    modes = {
-        "single": Mode("single", 1, args.concurrency),
-        "node": Mode("node", RANKS_PER_NODE, args.concurrency),
-        "batch": Mode("batch", args.batch, args.batch_concurrency),
-    }
-    chosen = [modes[m] for m in args.modes.split(",")]
-    print(f"machine: {machine()}")
-    print(
-        f"API: uvicorn, {args.workers} worker(s); PostgreSQL, fresh database; job of {NODES} x {RANKS_PER_NODE} ranks"
-    )
-    outcomes = run_config("schema as is", chosen, args, None)
-    if args.fillfactor and "batch" in args.modes.split(","):
-        outcomes += run_config(f"fillfactor {args.fillfactor}", [modes["batch"]], args, args.fillfactor)
-    print()
-    print(report(outcomes))
-    batch = next((o for o in outcomes if o.mode.name == "batch"), None)
-    if batch is not None:
-        print(
-            f"\ntarget >= {TARGET_BEATS_PER_S:,} rank-beats/s batched with p99 < {TARGET_P99_MS:.0f} ms: "
-            f"{'met' if batch.met else 'missed'} ({batch.beats_per_s:,.0f} rank-beats/s, p99 {batch.load.p(99):.0f} ms)"
-        )
-    if args.json:
-        args.json.write_text(json.dumps([summary(o) for o in outcomes], indent=2))
-    return 0
+    from api.core.db import upgrade_to_head
 
+    @contextlib.contextmanager
+    def database():  # type: ignore[no-untyped-def]
+        url = f"sqlite:///{directory / 'ftplane.db'}"
+        upgrade_to_head(url=url)
+        yield url
 
-def summary(o: Outcome) -> dict[str, object]:
-    return {
-        "config": o.label,
-        "mode": o.mode.name,
-        "beats_per_request": o.mode.beats_per_request,
-        "concurrency": o.mode.concurrency,
-        "requests": len(o.load.latencies_ms),
-        "errors": o.load.errors,
-        "beats_per_s": o.beats_per_s,
-        "requests_per_s": o.requests_per_s,
-        "p50_ms": o.load.p(50),
-        "p99_ms": o.load.p(99),
-        "cpu_cores": {**o.cpu, "loadgen": o.load.cpu_cores},
-        "us_per_beat": {"api": o.us_per_beat("api"), "postgres": o.us_per_beat("postgres")},
-        "projected_beats_per_s_on_2_dedicated_cores": o.projected,
-    }
+    return database()
 
 
 def report(outcomes: list[Outcome]) -> str:
-    base = next((o for o in outcomes if o.mode.name == "single"), None)
-    rows = [
-        [
-            o.label,
-            o.mode.name,
-            o.mode.beats_per_request,
-            o.mode.concurrency,
-            len(o.load.latencies_ms),
-            o.load.errors,
-            o.beats_per_s,
-            o.requests_per_s,
-            o.load.p(50),
-            o.load.p(99),
-            o.cpu["api"],
-            o.cpu["postgres"],
-            o.load.cpu_cores,
-            o.cpu["other"],
-            o.us_per_beat("api"),
-            o.us_per_beat("postgres"),
-            o.projected,
-            ratio(o.beats_per_s, base.beats_per_s) if base else "-",
-        ]
-        for o in outcomes
-    ]
+    rows = []
+    for o in outcomes:
+        base = next(b for b in outcomes if b.database == o.database and b.mode.name == "healthz")
+        share = o.requests_per_s / base.requests_per_s if base.requests_per_s else 0.0
+        rows.append(
+            [
+                o.database,
+                o.mode.name,
+                f"{o.requests_per_s:,.0f}",
+                f"{o.beats_per_s:,.0f}" if o.mode.beats_per_request else "—",
+                f"{o.load.p(50):.1f}",
+                f"{o.load.p(99):.1f}",
+                f"{o.cpu.get('api', 0):.2f}",
+                f"{o.cpu.get('postgres', 0):.2f}" if o.database == "postgresql" else "—",
+                f"{o.cpu.get('other', 0):.2f}",
+                f"{share:.2f}",
+                o.load.errors,
+            ]
+        )
     header = [
-        "config",
+        "database",
         "mode",
-        "beats/POST",
-        "conns",
-        "requests",
-        "errors",
-        "rank-beats/s",
         "req/s",
+        "beats/s",
         "p50 ms",
         "p99 ms",
         "API cores",
         "PG cores",
-        "loadgen cores",
-        "other cores",
-        "API µs/beat",
-        "PG µs/beat",
-        "beats/s on 2 free cores (projected)",
-        "beats/s vs single",
+        "other",
+        "÷ healthz",
+        "errors",
     ]
     return table(header, rows)
+
+
+def verdict(outcomes: list[Outcome]) -> list[str]:
+    lines = []
+    for o in outcomes:
+        if o.mode.name != "report":
+            continue
+        base = next(b for b in outcomes if b.database == o.database and b.mode.name == "healthz")
+        share = o.requests_per_s / base.requests_per_s
+        met = share >= GOAL_RATIO and o.load.p(99) < GOAL_P99_MS and o.load.errors == 0
+        lines.append(
+            f"{o.database}: report/healthz throughput {share:.2f} (goal >= {GOAL_RATIO}), p99 {o.load.p(99):.1f} ms "
+            f"(goal < {GOAL_P99_MS:g}): {'met' if met else 'NOT met'}"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds measured per mode")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of unmeasured load before each mode")
+    parser.add_argument("--max-requests", type=int, default=1_000_000, help="requests per mode, at most")
+    parser.add_argument("--concurrency", type=int, default=8, help="connections, every mode")
+    parser.add_argument("--modes", default="healthz,report,heartbeats")
+    parser.add_argument("--databases", default="postgresql,sqlite")
+    parser.add_argument("--database-url", default=None, help="PostgreSQL to create the bench database in")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    args = parser.parse_args(argv)
+    print(f"machine: {machine()}")
+    outcomes: list[Outcome] = []
+    for kind in args.databases.split(","):
+        outcomes += run_database(kind, args)
+    print()
+    print(report(outcomes))
+    for line in verdict(outcomes):
+        print(line)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "database": o.database,
+                        "mode": o.mode.name,
+                        "requests_per_s": o.requests_per_s,
+                        "p50_ms": o.load.p(50),
+                        "p99_ms": o.load.p(99),
+                        "cpu": o.cpu,
+                        "errors": o.load.errors,
+                    }
+                    for o in outcomes
+                ],
+                indent=2,
+            )
+        )
+    return 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,20 @@ class Settings(BaseSettings):
         description="Requests/s per token on each ingest endpoint (events, heartbeats); 0 turns limits off.",
     )
     ingest_burst: int = Field(default=65536, ge=1, description="Requests a token may send at once per ingest endpoint.")
+    auth_cache_ttl_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="How long a node report's token is trusted without asking the database again: a revoked "
+        "token stops working within this long on the report route. 0: always ask.",
+    )
+    liveness_flush_s: float = Field(
+        default=0.1,
+        ge=0,
+        le=5,
+        description="Node reports' liveness (soft state) is written in one statement this often per API process; "
+        "0: written with each report.",
+    )
     metrics_token: SecretStr | None = Field(
         default=None,
         description="When set, /metrics asks for `Authorization: Bearer <it>` (Prometheus: `authorization: "

@@ -17,7 +17,7 @@ from api.schemas.events import EventOut
 from api.schemas.jobs import AttemptOut, FaultIn, FaultOut, JobCreated, JobDetail, JobOut, JobPage
 from api.schemas.spec import JobSpec
 from api.services import jobs as job_service
-from api.services import lifecycle, progress
+from api.services import lifecycle, liveness_writer, progress, report_gate
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -99,6 +99,7 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobDetail, responses=responses(404))
 def get_job(job_id: str, session: SessionDep, _: AdminDep) -> JobDetail:
+    liveness_writer.flush()
     job = load_job(session, job_id)
     recent = event_store.page(session, job.id, limit=10_000)[-20:]
     return JobDetail.model_validate(
@@ -142,4 +143,5 @@ def inject_fault(job_id: str, fault: FaultIn, session: SessionDep, _: AdminDep) 
         raise ApiError(422, f"rank {fault.rank} is outside the job's {world} ranks", field="rank")
     out = job_service.request_fault(session, job, fault)
     session.commit()
+    report_gate.forget_job(job.id)  # the node's next report hands it over
     return out

@@ -4,14 +4,30 @@ operators read back."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
+from api.core.config import get_settings
+from api.core.db import session_scope
 from api.core.errors import ApiError, responses
-from api.deps import AdminDep, EventsReporterDep, HeartbeatsReporterDep, NodeReporterDep, SessionDep
+from api.deps import (
+    ANONYMOUS_ADMIN,
+    AdminDep,
+    EventsReporterDep,
+    HeartbeatsReporterDep,
+    SessionDep,
+    bearer_token,
+    require_reporter,
+    within_limit,
+)
 from api.models import events as event_store
+from api.models import jobs as job_store
 from api.models import liveness, nodes
+from api.models.tokens import Principal
 from api.routes.jobs import load_job
 from api.schemas.events import (
     EventBatch,
@@ -26,24 +42,100 @@ from api.schemas.events import (
     utcnow,
 )
 from api.schemas.reports import NodeOut, NodeReport, ReportResult
-from api.services import lifecycle, reporting
+from api.services import lifecycle, liveness_writer, notifications, report_gate, reporting
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["reports"])
 
 
-@router.post("/reports", response_model=ReportResult, responses=responses(404, 409, 429))
-def post_report(job_id: str, report: NodeReport, session: SessionDep, _: NodeReporterDep) -> ReportResult:
+@router.post(
+    "/reports",
+    response_model=ReportResult,
+    responses=responses(404, 409, 429),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NodeReport"}}},
+        }
+    },
+)
+async def post_report(job_id: str, request: Request) -> Response:
     """A node agent's batched report: its events (idempotent by `key`), its ranks' heartbeats and its liveness.
-    The reply carries the faults for the node's ranks."""
-    job = load_job(session, job_id, for_update=bool(report.events))
-    if job.status in lifecycle.TERMINAL and not report.events:
-        raise ApiError(409, f"job is {job.status}; it takes no more reports", field="job_id")
-    return reporting.ingest_node_report(session, job, report)
+    The reply carries the faults for the node's ranks.
+
+    Events are stored before the reply (an acknowledged event is stored). Liveness is soft state: it is written
+    within `FTPLANE_LIVENESS_FLUSH_S` of the reply (see api/services/liveness_writer.py)."""
+    principal = await _reporter(request, job_id)
+    within_limit(principal, "reports")
+    try:
+        report = NodeReport.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
+    found, state = report_gate.cached_job(job_id)
+    if not found:
+        state = await run_in_threadpool(report_gate.load_job, job_id)
+    if state is None:
+        raise ApiError(404, f"no job with id {job_id!r}", field="job_id")
+    if state.ended and not report.events:
+        raise ApiError(409, f"job is {state.status}; it takes no more reports", field="job_id")
+    writer = liveness_writer.writer()
+    if not writer.healthy:
+        raise ApiError(503, "the database is unavailable; retry shortly", headers={"Retry-After": "1"})
+    ranks = {r.rank for r in report.agent.ranks} | {b.rank for b in report.heartbeats}
+    total = max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
+    if (
+        report.events
+        or report.attempt > state.attempt
+        or state.fault_ranks & ranks
+        or (total is not None and total != state.total_steps)
+    ):
+        result = await run_in_threadpool(_ingest_in_transaction, job_id, report)
+        return Response(result.model_dump_json(), media_type="application/json")
+    accepted = 0
+    if report.attempt == state.attempt:
+        accepted = (
+            await run_in_threadpool(writer.add, job_id, report) if writer.period_s <= 0 else writer.add(job_id, report)
+        )
+        notifications.heartbeats_ingested(accepted)
+    return Response(f'{{"stored":0,"duplicates":0,"accepted":{accepted},"faults":[]}}', media_type="application/json")
+
+
+def _ingest_in_transaction(job_id: str, report: NodeReport) -> ReportResult:
+    """The report's events (and what they mean), faults to hand over, a new attempt or total: stored before the
+    reply, with the job's row locked."""
+    liveness_writer.flush()  # this node's earlier liveness first, so it never overwrites what follows
+    with session_scope() as session:
+        job = job_store.get(session, job_id, for_update=True)
+        if job is None:
+            raise ApiError(404, f"no job with id {job_id!r}", field="job_id")
+        if job.status in lifecycle.TERMINAL and not report.events:
+            raise ApiError(409, f"job is {job.status}; it takes no more reports", field="job_id")
+        result = reporting.ingest_node_report(session, job, report)
+    report_gate.forget_job(job_id)
+    return result
+
+
+async def _reporter(request: Request, job_id: str) -> Principal:
+    """Who sends the report: the job's own trainer token (or an admin), from the cache when it is there."""
+    if not get_settings().auth_enabled:
+        return ANONYMOUS_ADMIN
+    token = bearer_token(request)
+    if not token:
+        raise ApiError(401, "missing bearer token: send 'Authorization: Bearer <token>'", headers=_CHALLENGE)
+    found, principal = report_gate.cached_principal(token)
+    if not found:
+        principal = await run_in_threadpool(report_gate.load_principal, token)
+    if principal is None:
+        raise ApiError(401, "invalid or revoked token", headers=_CHALLENGE)
+    return require_reporter(job_id, principal)
+
+
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
 @router.get("/nodes", response_model=list[NodeOut], responses=responses(404))
 def list_nodes(job_id: str, session: SessionDep, _: AdminDep) -> list[NodeOut]:
     """Each node agent's newest report: launcher and rank processes, progress source, health."""
+    liveness_writer.flush()
     job = load_job(session, job_id)
     timeout = lifecycle.spec_of(job).resiliency.heartbeat_timeout_s
     cutoff = utcnow() - timedelta(seconds=timeout)
@@ -107,6 +199,7 @@ def post_heartbeats(
 @router.get("/ranks", response_model=list[RankOut], responses=responses(404))
 def list_ranks(job_id: str, session: SessionDep, _: AdminDep) -> list[RankOut]:
     job = load_job(session, job_id)
+    liveness_writer.flush()
     timeout = lifecycle.spec_of(job).resiliency.heartbeat_timeout_s
     cutoff = utcnow() - timedelta(seconds=timeout)
     out = []
@@ -115,3 +208,22 @@ def list_ranks(job_id: str, session: SessionDep, _: AdminDep) -> list[RankOut]:
         item.stale = row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
         out.append(item)
     return out
+
+
+def document(app: FastAPI) -> None:
+    """Put NodeReport in the OpenAPI components: the report route reads its body itself (no model parameter), so
+    FastAPI would not list it."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        extra = NodeReport.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(extra.pop("$defs", {}))
+        components["NodeReport"] = extra
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -16,7 +16,7 @@ from api.models import jobs as job_store
 from api.models import liveness, nodes
 from api.schemas.events import RESTART_TYPES, EventType, utcnow
 from api.schemas.jobs import JobProgress
-from api.services import lifecycle
+from api.services import lifecycle, liveness_writer
 from api.services.goodput.records import number
 from api.services.goodput_view import GoodputView, goodput_of
 from api.services.progress import progress_of
@@ -272,6 +272,7 @@ def recent_events(session: Session, job_id: str, limit: int = TIMELINE_EVENTS_MA
 
 
 def job_view(session: Session, job: Job) -> JobView:
+    liveness_writer.flush()  # this process's newest reports
     now = utcnow()
     events = recent_events(session, job.id)
     spec = lifecycle.spec_of(job)

@@ -74,7 +74,7 @@ def test_an_ended_job_takes_no_more_reports_but_its_last_events(admin: TestClien
     job = make_job()
     admin.post(f"/v1/jobs/{job['id']}/cancel")
     trainer = as_trainer(admin, job["token"])
-    assert trainer.post(f"/v1/jobs/{job['id']}/reports", json=report()).status_code in (401, 409)
+    assert trainer.post(f"/v1/jobs/{job['id']}/reports", json=report()).status_code == 409
 
 
 def test_faults_for_the_ranks_code_ride_every_reply_until_fired(
@@ -129,6 +129,9 @@ def test_a_node_whose_agent_goes_silent_is_lost_and_excluded(
         trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(node, ranks))
 
     def silent_for(node: str, seconds: float) -> None:
+        from api.services import liveness_writer
+
+        liveness_writer.flush()
         with session_scope() as session:
             row = session.get(NodeLiveness, (job["id"], node))
             assert row is not None
@@ -149,7 +152,9 @@ def test_a_node_whose_agent_goes_silent_is_lost_and_excluded(
     assert "node lost" in detail["status_reason"]
 
 
-def test_when_every_node_is_silent_no_node_is_blamed(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
+def test_when_every_node_is_silent_no_node_is_blamed(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
     from api.core.db import session_scope
     from api.database.tables import NodeLiveness
     from api.schemas.events import utcnow
@@ -160,6 +165,9 @@ def test_when_every_node_is_silent_no_node_is_blamed(admin: TestClient, make_job
     trainer = as_trainer(admin, job["token"])
     for node, ranks in (("n0", (0, 1)), ("n1", (2, 3))):
         trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(node, ranks))
+    from api.services import liveness_writer
+
+    liveness_writer.flush()
     with session_scope() as session:
         for row in session.query(NodeLiveness).filter_by(job_id=job["id"]):
             row.last_seen = utcnow() - timedelta(seconds=60)
@@ -176,3 +184,69 @@ def test_the_job_page_shows_progress_and_the_hang_detection_level(admin: TestCli
     trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(heartbeats=beats))
     page = admin.get(f"/jobs/{job['id']}")
     assert "step 25 of 100 (25 %)" in page.text and "per rank" in page.text and "n0" in page.text
+
+
+def test_a_revoked_token_stops_reporting_within_the_cache_ttl(
+    admin: TestClient, make_job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api.core.config import get_settings
+    from tests.support.waiting import wait_for
+
+    monkeypatch.setenv("FTPLANE_AUTH_CACHE_TTL_S", "0.5")
+    get_settings.cache_clear()
+    job = make_job()
+    trainer = as_trainer(admin, job["token"])
+    assert trainer.post(f"/v1/jobs/{job['id']}/reports", json=report()).status_code == 200  # now cached
+    token_id = next(t["id"] for t in admin.get("/v1/tokens").json() if t.get("job_id") == job["id"])
+    from api.core.db import session_scope
+    from api.models import tokens
+
+    with session_scope() as session:
+        assert tokens.revoke(session, token_id)
+    refused_at = wait_for(
+        "the revocation to reach the report route",
+        lambda: trainer.post(f"/v1/jobs/{job['id']}/reports", json=report()).status_code == 401,
+        timeout=5,
+        interval=0.05,
+    )
+    assert refused_at
+
+
+def test_liveness_is_written_within_the_flush_period_and_a_failing_database_answers_503(
+    admin: TestClient, make_job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from api.core.db import session_scope
+    from api.database.tables import RankLiveness
+    from api.services import liveness_writer
+    from tests.support.waiting import wait_for
+
+    job = make_job()
+    trainer = as_trainer(admin, job["token"])
+    beats = [{"rank": 0, "step": 5}, {"rank": 1, "step": 5}]
+    assert trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(heartbeats=beats)).json()["accepted"] == 2
+
+    def stored() -> int:
+        with session_scope() as session:
+            return session.query(RankLiveness).filter_by(job_id=job["id"]).count()
+
+    wait_for("the writer's next write", lambda: stored() == 2, timeout=5, interval=0.02)
+
+    writer = liveness_writer.writer()
+    real = writer.database
+
+    def database_away() -> Any:
+        raise OperationalError("connect", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(writer, "database", database_away)
+    newer = [{"rank": 0, "step": 9}]
+    trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(heartbeats=newer))
+    wait_for("a failed write", lambda: not writer.healthy, timeout=5, interval=0.02)
+    refused = trainer.post(f"/v1/jobs/{job['id']}/reports", json=report())
+    assert refused.status_code == 503 and refused.headers["Retry-After"]
+    monkeypatch.setattr(writer, "database", real)
+    wait_for("the kept liveness written", lambda: writer.healthy, timeout=15, interval=0.05)
+    steps = {r["rank"]: r["step"] for r in admin.get(f"/v1/jobs/{job['id']}/ranks").json()}
+    assert steps == {0: 9, 1: 5}
+    assert trainer.post(f"/v1/jobs/{job['id']}/reports", json=report()).status_code == 200

@@ -52,6 +52,7 @@ def use_backend(monkeypatch: pytest.MonkeyPatch, backend: object) -> None:
 def supervise(job_id: str | None = None, *, force_launch: bool = False) -> None:
     """With force_launch, what the submit task does for `job_id`; else one pass of every duty, in order."""
     from api.core.db import session_scope
+    from api.services import liveness_writer
     from workers.supervision import (
         cancel_jobs,
         detect_silent_ranks,
@@ -61,6 +62,7 @@ def supervise(job_id: str | None = None, *, force_launch: bool = False) -> None:
         time_out_pending,
     )
 
+    liveness_writer.flush()  # the reports this process took, as the database would have them by now
     with session_scope() as session:
         if force_launch:
             assert job_id is not None
@@ -81,7 +83,9 @@ def last_seen(job_id: str, silent_s: dict[int, float], now: datetime) -> None:
     """Date each rank's last heartbeat `silent_s[rank]` seconds before `now`."""
     from api.core.db import session_scope
     from api.database.tables import RankLiveness
+    from api.services import liveness_writer
 
+    liveness_writer.flush()
     with session_scope() as session:
         for rank, seconds in silent_s.items():
             row = session.get(RankLiveness, (job_id, rank))

@@ -1,0 +1,117 @@
+"""What the node-report route must know about every report, from short-lived in-process caches.
+
+A 2,048-node job sends hundreds of reports a second; asking the database each time who the token
+is and what state the job is in would cost more than the report itself. So:
+
+- a token's principal is kept `FTPLANE_AUTH_CACHE_TTL_S` (5 s by default): a token revoked in the
+  database stops working on the report route within that long (every other route asks each time);
+- a job's status, attempt, total steps and the ranks with undelivered faults are kept for
+  JOB_STATE_TTL_S: a job that ended takes reports that carry no events for at most that long
+  more, and a new fault reaches its node's agent at most that long later.
+
+Anything a report changes besides liveness (events, a new attempt, a fault to hand over, the
+total steps) goes through the database in a transaction of its own, which then forgets the
+job's cached state.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from cachetools import TTLCache
+from sqlalchemy import select
+
+from api.core.config import get_settings
+from api.core.db import session_scope
+from api.core.security import digest
+from api.database.tables import ApiToken, Job, PendingFault
+from api.models.tokens import Principal
+from api.services import lifecycle
+
+JOB_STATE_TTL_S = 1.0
+MAX_CACHED = 10_000
+
+
+@dataclass(frozen=True)
+class JobState:
+    status: str
+    attempt: int
+    total_steps: int | None
+    fault_ranks: frozenset[int]  # ranks of the current attempt with a fault not yet delivered
+
+    @property
+    def ended(self) -> bool:
+        return self.status in lifecycle.TERMINAL
+
+
+_lock = threading.Lock()
+_principals: TTLCache[str, Principal | None] = TTLCache(MAX_CACHED, ttl=5.0)
+_jobs: TTLCache[str, JobState | None] = TTLCache(MAX_CACHED, ttl=JOB_STATE_TTL_S)
+
+
+def cached_principal(token: str) -> tuple[bool, Principal | None]:
+    """(found in the cache, principal): a cached None is a token known to be invalid."""
+    ttl = get_settings().auth_cache_ttl_s
+    if ttl <= 0:
+        return False, None
+    key = digest(token)
+    with _lock:
+        _resize_principals(ttl)
+        if key in _principals:
+            return True, _principals[key]
+    return False, None
+
+
+def load_principal(token: str) -> Principal | None:
+    key = digest(token)
+    with session_scope() as session:
+        row = session.scalar(select(ApiToken).where(ApiToken.digest == key, ApiToken.revoked_at.is_(None)))
+        principal = Principal(token_id=row.id, role=row.role, job_id=row.job_id) if row is not None else None
+    if get_settings().auth_cache_ttl_s > 0:
+        with _lock:
+            _principals[key] = principal
+    return principal
+
+
+def cached_job(job_id: str) -> tuple[bool, JobState | None]:
+    with _lock:
+        if job_id in _jobs:
+            return True, _jobs[job_id]
+    return False, None
+
+
+def load_job(job_id: str) -> JobState | None:
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        state = None
+        if job is not None:
+            ranks = session.scalars(
+                select(PendingFault.rank).where(
+                    PendingFault.job_id == job_id,
+                    PendingFault.attempt == job.attempt,
+                    PendingFault.delivered_at.is_(None),
+                )
+            )
+            state = JobState(job.status, job.attempt, job.total_steps, frozenset(ranks))
+    with _lock:
+        _jobs[job_id] = state
+    return state
+
+
+def forget_job(job_id: str) -> None:
+    with _lock:
+        _jobs.pop(job_id, None)
+
+
+def forget_all() -> None:
+    """Tests switch databases between cases."""
+    with _lock:
+        _principals.clear()
+        _jobs.clear()
+
+
+def _resize_principals(ttl: float) -> None:
+    global _principals
+    if _principals.ttl != ttl:
+        _principals = TTLCache(MAX_CACHED, ttl=ttl)
