@@ -28,6 +28,7 @@ def test_a_zero_code_job_reports_node_liveness_log_steps_and_crash_causes(
         launcher_command(tmp_path, max_restarts=1),
         STEPS="60",
         FTPLANE_LOG_PATTERN=r"step (?P<step>\d+)",
+        FTPLANE_RUNNING_AFTER_S="2",
     )
 
     def both_ranks_alive() -> list[dict[str, Any]] | None:
@@ -59,6 +60,8 @@ def test_a_zero_code_job_reports_node_liveness_log_steps_and_crash_causes(
     assert failed[0]["rank"] == 1 and failed[0]["details"]["source"] == "launcher"
 
     assert agent.wait(120) == 0
+    runs = {e["details"]["restart_count"]: e for e in events(admin, job["id"], "running")}
+    assert set(runs) == {0, 1} and all(e["details"]["source"] == "agent" for e in runs.values())
     final = nodes(admin, job["id"])[0]
     assert final["launcher_alive"] is False
     assert job["token"] not in agent.output()

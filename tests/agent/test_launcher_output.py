@@ -72,3 +72,13 @@ def test_a_rank_killed_for_no_heartbeat_is_the_root_cause_of_its_round_only() ->
     assert restart.failures[0].silent_s is None
     later = [f.failure for f in facts if isinstance(f, RankFailed) and f.round == 1]
     assert round_cause(later)["cause"] == "rank 1 killed by SIGKILL"  # the next round's kill had no timeout before it
+
+
+def test_nvrx_finding_the_node_unhealthy_is_read_with_its_reason() -> None:
+    from trainer.agent.launcher_output import NodeUnhealthy
+
+    log = (
+        "[WARNING] [ft_launcher1@vm] GPU health check failed for node vm: GPU 3 is not healthy\n"
+        "[ERROR] [ft_launcher1@vm] Agent .run() raised UnhealthyNodeException: Node vm is unhealthy\n"
+    )
+    assert read(log) == [NodeUnhealthy("NVRx health check: GPU health check failed for node vm: GPU 3 is not healthy")]

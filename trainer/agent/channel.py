@@ -57,7 +57,7 @@ class RankChannel:
             except protocol.BadMessage as exc:
                 self._drop(str(exc))
                 continue
-            if isinstance(message, protocol.Heartbeat) and message.reply_to:
+            if isinstance(message, protocol.Heartbeat | protocol.Hello) and message.reply_to:
                 self.reply_to[message.rank] = message.reply_to
             try:
                 self.on_message(message)

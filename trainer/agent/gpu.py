@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +59,8 @@ class GpuMonitor:
             self._events = self.nvml.nvmlEventSetCreate()
             for handle in self.handles:
                 self.nvml.nvmlDeviceRegisterEvents(handle, self.nvml.nvmlEventTypeXidCriticalError, self._events)
-        except Exception as exc:
-            log.warning("GPU health is not read: NVML failed to start (%s)", exc)
+        except Exception as exc:  # no GPU driver here: nothing to watch
+            log.info("GPU health is not read: NVML did not start (%s)", exc)
             self.handles = []
 
     @property
@@ -111,6 +112,8 @@ class GpuMonitor:
 
 def _load_nvml() -> Any | None:
     try:
-        return importlib.import_module("pynvml")
+        with warnings.catch_warnings():  # an old `pynvml` wrapper package warns about itself on import
+            warnings.simplefilter("ignore", FutureWarning)
+            return importlib.import_module("pynvml")
     except ImportError:
         return None

@@ -9,6 +9,7 @@ output (`[rank3]:step 120 loss 2.31`) or the launcher's. From the launcher's lin
     ProcessFailure(local_rank=1, pid=4242, exitcode=1 ...)                      the same, at the end
     [RankMonServer...:1] Did not get subsequent heartbeat. Waited 20.00 seconds  killed for silence
     Worker group UNHEALTHY. 2/3 attempts left; will restart worker group         an in-job restart
+    ... UnhealthyNodeException ...                                               NVRx found the node unhealthy
 
 A round is the life of one worker group; each in-job restart starts the next. A rank killed for
 silence is the root cause of its round; else one killed by a signal; ranks that then exit 1 on a
@@ -29,6 +30,9 @@ FINAL_FAILURE = re.compile(r"ProcessFailure\(local_rank=(\d+), pid=(\d+), exitco
 HEARTBEAT_TIMEOUT = re.compile(
     r"\[RankMonServer\d+@[^\]:]*:(\d+)\] Did not get (?:initial|subsequent) heartbeat\. Waited ([\d.]+) seconds"
 )
+# NVRx's health checks found this node unhealthy (0.4.1 then exits 0, later versions 1): the node must go.
+UNHEALTHY = re.compile(r"UnhealthyNodeException:?\s*(.*)")
+HEALTH_CHECK_FAILED = re.compile(r"([^\[\]]*\S failed for node \S+: .*)$")
 GROUP_RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
 PREFIX_TEMPLATE = "[rank${rank}]:"
 
@@ -113,7 +117,12 @@ class GroupRestarted:
     attempts_left: int
 
 
-Fact = RankOutput | RankFailed | GroupRestarted
+@dataclass(frozen=True)
+class NodeUnhealthy:
+    reason: str
+
+
+Fact = RankOutput | RankFailed | GroupRestarted | NodeUnhealthy
 
 
 @dataclass
@@ -126,6 +135,7 @@ class LauncherOutput:
     failures: list[RankExit] = field(default_factory=list)  # this round's
     _silent: dict[int, float] = field(default_factory=dict)  # this round's: rank -> the timeout that elapsed
     _seen_pids: set[int] = field(default_factory=set)
+    _check_failed: str | None = None  # the last health check failure said, for the reason
 
     def feed(self, line: str) -> list[Fact]:
         line = line.rstrip("\r\n")
@@ -142,6 +152,13 @@ class LauncherOutput:
         finals = list(FINAL_FAILURE.finditer(line))  # the closing summary names every failed rank on one line
         if finals:
             return [f for m in finals for f in self._failed(local_rank=int(m[1]), pid=int(m[2]), code=int(m[3]))]
+        check = HEALTH_CHECK_FAILED.search(line)
+        if check:
+            self._check_failed = check[1].strip()[:500]
+        unhealthy = UNHEALTHY.search(line)
+        if unhealthy:
+            reason = self._check_failed or unhealthy[1][:500] or "NVRx's health check failed"
+            return [NodeUnhealthy(f"NVRx health check: {reason}")]
         restart = GROUP_RESTART.search(line)
         if restart:
             fact = GroupRestarted(self.round + 1, tuple(self.failures), attempts_left=int(restart[2]))

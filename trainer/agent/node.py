@@ -15,12 +15,14 @@ means (exit_codes.py).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from trainer.agent.launcher_output import (
     PREFIX_TEMPLATE,
     GroupRestarted,
     LauncherOutput,
+    NodeUnhealthy,
     RankFailed,
     RankOutput,
     round_cause,
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 TERMINATE_GRACE_S = 10.0
 EXIT_FLUSH_S = 10.0
 MAX_LOG_PATTERN = 512
+# A round of ranks that has lived this long without a word from the SDK runs code that does not report.
+RUNNING_AFTER_S = float(os.environ.get("FTPLANE_RUNNING_AFTER_S", "30"))
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,20 @@ def check_log_pattern(pattern: str) -> re.Pattern[str]:
     return compiled
 
 
+MAX_SOCKET_PATH = 100  # a Unix socket's path must fit in 108 bytes
+
+
+def socket_path(run_dir: Path) -> Path:
+    """The channel's socket: in the run directory, or (where that path is too long for a Unix socket) in a
+    private directory of its own under the system's temporary directory."""
+    path = run_dir / "agent.sock"
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return path
+    short = Path(tempfile.gettempdir()) / f"ftplane-{hashlib.sha256(os.fsencode(run_dir)).hexdigest()[:16]}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    return short / "agent.sock"
+
+
 @dataclass
 class RankProgress:
     """Steps read from one rank's own output lines (log-pattern progress)."""
@@ -109,6 +128,9 @@ class NodeState:
     ranks: dict[int, RankProcess] = field(default_factory=dict)  # by global rank, the newest process
     exits: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its last exit, from the launcher
     sdk_ranks: set[int] = field(default_factory=set)
+    sdk_heard_at: float = 0.0  # monotonic time of the newest message from an SDK rank
+    rounds_seen: dict[int, tuple[float, str]] = field(default_factory=dict)  # restart count -> first seen (mono, iso)
+    rounds_announced: set[int] = field(default_factory=set)
     log_progress: dict[int, RankProgress] = field(default_factory=dict)
     unhealthy: str | None = None
 
@@ -132,7 +154,7 @@ class NodeAgent:
         )
         config.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(config.run_dir, 0o700)  # the socket and the launcher log are this node's alone
-        self.socket_path = config.run_dir / "agent.sock"
+        self.socket_path = socket_path(config.run_dir)
         self.channel = RankChannel(self.socket_path, self._on_rank_message)
         self.launcher: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
@@ -236,11 +258,36 @@ class NodeAgent:
                 self.state.ranks[process.rank] = process
                 self.output.rank_of_pid[process.pid] = process.rank
                 self.output.rank_of_local[process.local_rank] = process.rank
+                self.state.rounds_seen.setdefault(process.restart_count, (time.monotonic(), utcnow_iso()))
+        self._announce_runs()
         devices = self.gpus.read()
         reason = self.gpus.unhealthy_reason(devices)
         if reason is not None:
             self.mark_unhealthy(reason, source="gpu")
         self.uplink.status(self._status(devices=[d.as_dict() for d in devices], alive={p.pid for p in seen}))
+
+    def _announce_runs(self) -> None:
+        """`running` for the ranks' code when it does not say so itself: a round of ranks that has lived
+        RUNNING_AFTER_S with no word from the SDK is a run of a zero-code job (goodput needs its start)."""
+        now = time.monotonic()
+        with self.lock:
+            due = [
+                (count, first)
+                for count, (seen_at, first) in self.state.rounds_seen.items()
+                if count not in self.state.rounds_announced
+                and now - seen_at >= RUNNING_AFTER_S
+                and self.state.sdk_heard_at < seen_at
+            ]
+            self.state.rounds_announced.update(count for count, _ in due)
+            start = min((p.step for p in self.state.log_progress.values()), default=1) - 1
+        for count, first in due:
+            self.uplink.event(
+                "running",
+                ts=first,
+                step=max(start, 0),
+                key=f"running:{self.config.node}:a{self.config.attempt}:r{count}",
+                details={"restart_count": count, "iteration": 0, "start_step": max(start, 0), "source": "agent"},
+            )
 
     def _status(
         self,
@@ -291,6 +338,8 @@ class NodeAgent:
                     key=f"agent:{self.config.node}:a{self.config.attempt}:pid{fact.failure.pid}:exit",
                     details={**cause, "source": "launcher", "round": fact.round},
                 )
+            elif isinstance(fact, NodeUnhealthy):
+                self.mark_unhealthy(fact.reason, source="launcher")
             elif isinstance(fact, GroupRestarted):
                 # Every node's agent reports the restart under one key: stored once, the first wins.
                 self.uplink.event(
@@ -327,11 +376,18 @@ class NodeAgent:
         self.uplink.heartbeat(beat.for_control_plane(self.config.node))
 
     def _on_rank_message(self, message: protocol.Message) -> None:
-        if isinstance(message, protocol.Heartbeat):
+        if isinstance(message, protocol.Hello):
             with self.lock:
                 self.state.sdk_ranks.add(message.rank)
+                self.state.sdk_heard_at = time.monotonic()
+        elif isinstance(message, protocol.Heartbeat):
+            with self.lock:
+                self.state.sdk_ranks.add(message.rank)
+                self.state.sdk_heard_at = time.monotonic()
             self.uplink.heartbeat(message.for_control_plane(self.config.node))
         elif isinstance(message, protocol.RankEvent):
+            with self.lock:
+                self.state.sdk_heard_at = time.monotonic()
             self.uplink.forward_event(dict(message.event))
         elif isinstance(message, protocol.ExcludeNode):
             who = f"rank {message.rank}" if message.rank is not None else "a rank"

@@ -7,6 +7,8 @@ that wants replies (fault directives) binds a socket of its own and names it in 
 
 Messages, rank → agent (every one a JSON object with a `type`):
 
+    {"type": "hello", "rank": 3, "reply_to": "/run/.../r3.sock"}       the SDK started in this rank
+
     {"type": "heartbeat", "rank": 3, "step": 120, "ts": "2026-...Z", "reply_to": "/run/.../r3.sock",
      "throughput": 812.5, "loss": 2.31, "step_time_s": 0.42, "total_steps": 1000}
     {"type": "event", "event": {"key": "...", "type": "checkpoint_saved", "ts": "...", "attempt": 0,
@@ -64,6 +66,12 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class Hello:
+    rank: int
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True)
 class RankEvent:
     event: dict[str, Any]
 
@@ -74,7 +82,7 @@ class ExcludeNode:
     reason: str
 
 
-Message = Heartbeat | RankEvent | ExcludeNode
+Message = Hello | Heartbeat | RankEvent | ExcludeNode
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -106,6 +114,8 @@ def parse(data: bytes) -> Message:
             step_time_s=_optional_number(body, "step_time_s", 0, 86400 * 7),
             total_steps=_optional_int(body, "total_steps", 1, MAX_STEP),
         )
+    if kind == "hello":
+        return Hello(rank=_int(body, "rank", 0, MAX_RANK), reply_to=_optional_str(body, "reply_to", 4096))
     if kind == "event":
         return RankEvent(_event(body.get("event")))
     if kind == "exclude_node":

@@ -208,7 +208,7 @@ class ReportBuffer:
 
     def due_in(self, now: float, flushing: bool = False) -> float | None:
         """Seconds until a report should be sent (0: now); None when there is nothing to send."""
-        if now < self.retry_at and not flushing:
+        if now < self.retry_at:  # a flush skips the wait once (it clears retry_at), not after every failed try
             return self.retry_at - now
         if self.events:
             return 0.0

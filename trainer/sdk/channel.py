@@ -114,6 +114,8 @@ class AgentChannel:
         self._reply_dir: str | None = None  # a directory we made for the reply socket, removed at close
         self._bind_reply_socket()
 
+        # First word to the agent: this rank reports through the SDK (and where it listens for faults).
+        self._queue.append({"type": "hello", "rank": rank, "reply_to": self.reply_to})
         self._sender = threading.Thread(target=self._send_loop, name="ftplane-sdk-sender", daemon=True)
         self._sender.start()
         self._receiver: threading.Thread | None = None

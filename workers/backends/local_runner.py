@@ -1,6 +1,6 @@
 """Runs one local attempt's launcher and records its exit code on disk.
 
-`python -m workers.backends.local_runner STATE_DIR -- COMMAND...` starts COMMAND,
+`python -m workers.backends.local_runner STATE_DIR -- COMMAND...` starts COMMAND (its output to STATE_DIR/output.log),
 waits for it, and writes STATE_DIR/exit_code atomically, so the outcome
 survives a restart of the worker that launched it. Standard library only.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     state_dir = Path(argv[0])
     command = argv[argv.index("--") + 1 :]
-    with open(state_dir / "launcher.log", "ab", buffering=0) as log:
+    with open(state_dir / "output.log", "ab", buffering=0) as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
         def forward(signum: int, _frame: object) -> None:
