@@ -55,7 +55,7 @@ def test_invalid_spec_is_refused_naming_the_field_and_stores_nothing(
         ({"backend": "kubernetes"}, "image is required"),
         ({"faults": [{"kind": "crash", "rank": 5, "at_step": 3}]}, "faults[0].rank"),
         ({"env": {"FTPLANE_TOKEN": "x"}}, "env.FTPLANE_TOKEN"),
-        ({"nodes": 2}, "nodes must be 1"),
+        ({"nodes": 9}, "nodes must be at most 8 for the local backend"),
     ],
 )
 def test_inconsistent_spec_says_what_is_wrong(admin: TestClient, patch: dict[str, Any], words: str) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from tests.conftest import configure_env, tiny_spec
 from tests.reliability.conftest import TcpProxy
 from tests.support.waiting import wait_for
-from trainer.reporter import Reporter
+from trainer.agent.uplink import Uplink
 
 pytestmark = pytest.mark.postgres
 
@@ -135,11 +135,11 @@ def test_a_silent_database_is_a_503_within_the_connect_timeout(
 def test_reports_sent_during_the_outage_arrive_once_after_it(
     through_proxy: tuple[TcpProxy, TestClient, dict[str, Any]],
 ) -> None:
-    """The trainer's reporter gets 503s with Retry-After while the database is away, keeps the
+    """The node agent's uplink gets 503s with Retry-After while the database is away, keeps the
     events, and delivers each once when it is back."""
     proxy, admin, job = through_proxy
     transport: Any = TestClient(admin.app, raise_server_exceptions=False)._transport
-    reporter = Reporter("http://testserver", job["id"], 0, job["token"], transport=transport, backoff_cap_s=1.0)
+    reporter = Uplink("http://testserver", job["id"], 0, job["token"], "node-a", transport=transport, backoff_cap_s=1.0)
     keys = [reporter.event("checkpoint_saved", rank=0, step=step) for step in range(5)]
     assert reporter.flush(10)
     proxy.cut()
@@ -147,7 +147,7 @@ def test_reports_sent_during_the_outage_arrive_once_after_it(
     time.sleep(3)  # retried against 503s meanwhile
     assert reporter.pending()[0] == 10
     proxy.restore()
-    assert reporter.flush(30), "the reporter did not deliver after the database came back"
+    assert reporter.flush(30), "the uplink did not deliver after the database came back"
     reporter.close()
     stored = admin.get(f"/v1/jobs/{job['id']}/events", params={"limit": 100}).json()["items"]
     assert sorted(e["key"] for e in stored) == sorted(keys)

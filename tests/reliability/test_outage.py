@@ -1,14 +1,15 @@
 """The control plane down for 60 s under a real trainer: training never waits, nothing is lost.
 
-A real `python -m trainer` (standalone, one rank) reports to a real API (uvicorn); the API is killed
-and comes back 60 s later on the same port. The trainer's `--metrics-file` records each step's time
-(`step_s`) and how long handing the heartbeat to the reporter took (`enqueue_s`): no step may be
-blocked by the outage, and every event reported meanwhile must be stored afterwards, once.
+A real `python -m trainer` (standalone, one rank) under its node agent reports to a real API (uvicorn);
+the API is killed and comes back 60 s later on the same port. The trainer's `--metrics-file` records each step's time
+(`step_s`) and how long handing the heartbeat to the SDK took (`enqueue_s`): no step may be blocked by
+the outage, and every event reported meanwhile (the agent buffers it) must be stored afterwards, once.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -31,7 +32,7 @@ OUTAGE_S = 60.0
 STEP_DELAY_S = 0.1
 STEPS = 10_000  # more than run: the trainer is stopped once the outage has been caught up on
 CHECKPOINT_EVERY = 40
-ENQUEUE_BLOCKED_S = 0.05  # handing a heartbeat to the reporter takes microseconds; the network, seconds
+ENQUEUE_BLOCKED_S = 0.05  # handing a heartbeat to the SDK takes microseconds; the network, seconds
 STEP_BLOCKED_S = 0.5  # over the usual step time
 
 
@@ -59,6 +60,7 @@ def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives
 
     metrics = tmp_path / "metrics.jsonl"
     command = [
+        sys.executable, "-m", "trainer.agent", "--",
         sys.executable, "-m", "trainer", "--model", "tiny", "--steps", str(STEPS),
         "--step-delay-s", str(STEP_DELAY_S), "--metrics-file", str(metrics), "--log-every", "50",
     ]  # fmt: skip
@@ -67,6 +69,8 @@ def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives
         FTPLANE_JOB_ID=job_id,
         FTPLANE_ATTEMPT="0",
         FTPLANE_TOKEN=trainer_token,
+        FTPLANE_NODE_NAME="outage-node",
+        FTPLANE_AGENT_DIR=str(tmp_path / "agent"),
         FTPLANE_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
         FTPLANE_CHECKPOINT_ENGINE="async",
         FTPLANE_CHECKPOINT_INTERVAL=str(CHECKPOINT_EVERY),
@@ -75,7 +79,7 @@ def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives
     )
     log = tmp_path / "trainer.log"
     with log.open("wb") as out:
-        trainer = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        trainer = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for("the trainer to report step 30", lambda: reported_step(admin, job_id) >= 30, 90, interval=0.2)
         api.kill(signal.SIGKILL)
@@ -94,7 +98,7 @@ def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives
         assert trainer.poll() is None, log.read_text()[-3000:]  # still training
         events = all_events(admin, job_id)
     finally:
-        trainer.kill()
+        os.killpg(trainer.pid, signal.SIGKILL)  # the agent and the trainer under it
         trainer.wait(30)
         api.kill(signal.SIGTERM)
 

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from api.core.config import Settings
 from api.core.ratelimit import RedisTokenBuckets, TokenBuckets, retry_after
 from tests.conftest import REDIS_URL, configure_env, require, tiny_spec
-from trainer.reporter import Reporter
+from trainer.agent.uplink import Uplink
 
 RANKS = 16_384
 
@@ -166,13 +166,13 @@ def test_unauthenticated_requests_do_not_spend_a_tokens_limit(limited: TestClien
     assert trainer.post(beats, json={"heartbeats": [{"rank": 0, "step": 1}]}).status_code == 200
 
 
-def test_the_trainers_reporter_waits_out_a_429_and_loses_nothing(
+def test_the_agents_uplink_waits_out_a_429_and_loses_nothing(
     limited: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The real reporter against the real API: 12 event batches through a limit of 3 at once, 2/s."""
+    """The agent's real uplink against the real API: 12 event batches through a limit of 3 at once, 2/s."""
     job = limited.post("/v1/jobs", json=tiny_spec()).json()
     transport: Any = TestClient(limited.app)._transport  # the app in process, over httpx
-    reporter = Reporter("http://testserver", job["id"], 0, job["token"], transport=transport, report_interval_s=0.05)
+    reporter = Uplink("http://testserver", job["id"], 0, job["token"], "node-a", transport=transport, interval_s=0.05)
     keys = []
     for step in range(12):
         keys.append(reporter.event("checkpoint_saved", rank=0, step=step, details={"step": step}))
