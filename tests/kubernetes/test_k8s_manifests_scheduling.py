@@ -126,6 +126,7 @@ def test_hot_spares_run_more_pods_and_spend_an_index_per_lost_node():
         ("FailJob", "NotIn", False),  # anything else is the program's: no spare is spent on it
     ]
     assert env_of(job)["FTPLANE_SPARE_NODES"]["value"] == "2"
+    assert "--nnodes=2:4" in job["spec"]["template"]["spec"]["containers"][0]["command"]  # 2 active, 2 standing by
     assert len(f"{job['metadata']['name']}-{js['completions'] - 1}") <= 63
 
 

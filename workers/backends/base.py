@@ -129,7 +129,7 @@ def agent_environment(request: LaunchRequest) -> dict[str, str]:
 def launcher_arguments(
     spec: JobSpec,
     *,
-    nnodes: int,
+    nnodes: int | str,
     rdzv_endpoint: str,
     rdzv_id: str,
     log_dir: str | None = None,

@@ -219,10 +219,15 @@ def job_manifest(
     labels = labels_for(request.job_id, spec, request.attempt)
     annotations = {ANNOTATION_JOB_ID: request.job_id, ANNOTATION_RENDEZVOUS: f"{host}:{RDZV_PORT}"}
     pod_annotations = {**spec.scheduling.annotations, **annotations, DO_NOT_DISRUPT: "true"}
+    spares = spec.resiliency.spare_nodes
+    # With hot spares the rendezvous takes `nodes` active nodes and keeps the rest standing by (NVRx 0.6+).
+    nnodes = f"{spec.nodes}:{spec.nodes + spares}" if spares else spec.nodes
     launcher = launcher_arguments(
-        spec, nnodes=spec.nodes, rdzv_endpoint=f"{host}:{RDZV_PORT}", rdzv_id=name, log_dir=f"{AGENT_DIR}/ranks"
+        spec, nnodes=nnodes, rdzv_endpoint=f"{host}:{RDZV_PORT}", rdzv_id=name, log_dir=f"{AGENT_DIR}/ranks"
     )
-    command = [*AGENT_COMMAND, *launcher]  # the node agent is the entrypoint; it starts ft_launcher
+    # The node agent is the entrypoint; it starts ft_launcher. `command`, not `args`: a user's image may have any
+    # entrypoint (the EFA check runs as an init container in every EFA pod).
+    command = [*AGENT_COMMAND, *launcher]
 
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     shm: dict[str, Any] = {"medium": "Memory"}
