@@ -28,7 +28,10 @@ RUNGS: tuple[tuple[EventType, str], ...] = (
 )
 
 LANES: tuple[tuple[str, frozenset[str]], ...] = (
-    ("lifecycle", frozenset({"submitted", "scheduled", "running", "succeeded", "failed", "cancelled"})),
+    (
+        "lifecycle",
+        frozenset({"submitted", "scheduled", "queued", "running", "succeeded", "failed", "cancelled"}),
+    ),
     (
         "faults",
         frozenset(
@@ -39,6 +42,12 @@ LANES: tuple[tuple[str, frozenset[str]], ...] = (
                 "heartbeat_lost",
                 "hang_detected",
                 "node_excluded",
+                "node_unhealthy",
+                "scheduling_failed",
+                "preempted",
+                "spares_exhausted",
+                "straggler_detected",
+                "straggler_cleared",
             }
         ),
     ),

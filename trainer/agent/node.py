@@ -131,6 +131,7 @@ class NodeState:
     sdk_heard_at: float = 0.0  # monotonic time of the newest message from an SDK rank
     rounds_seen: dict[int, tuple[float, str]] = field(default_factory=dict)  # restart count -> first seen (mono, iso)
     rounds_announced: set[int] = field(default_factory=set)
+    injected: dict[int, tuple[int, int]] = field(default_factory=dict)  # round -> (rank, pid) this agent crashed
     log_progress: dict[int, RankProgress] = field(default_factory=dict)
     unhealthy: str | None = None
 
@@ -342,11 +343,12 @@ class NodeAgent:
                 self.mark_unhealthy(fact.reason, source="launcher")
             elif isinstance(fact, GroupRestarted):
                 # Every node's agent reports the restart under one key: stored once, the first wins.
+                cause = self._injected_cause(fact.restart_count - 1) or round_cause(list(fact.failures))
                 self.uplink.event(
                     "injob_restart",
                     key=f"injob_restart:{self.config.job_id}:{self.config.attempt}:{fact.restart_count}",
                     details={
-                        **round_cause(list(fact.failures)),
+                        **cause,
                         "restart_count": fact.restart_count,
                         "attempts_left": fact.attempts_left,
                         "source": "launcher",
@@ -422,6 +424,24 @@ class NodeAgent:
             else:
                 self.channel.send_faults(rank, [directive])
 
+    def _injected_cause(self, round_: int) -> dict[str, Any] | None:
+        """The crash this agent itself injected in the round, if any: what it did is known, whichever of the ranks
+        the launcher happened to see die first (a peer's broken collective often exits first)."""
+        with self.lock:
+            crashed = self.state.injected.pop(round_, None)
+        if crashed is None:
+            return None
+        rank, pid = crashed
+        return {
+            "cause": f"rank {rank} killed by SIGKILL (a crash injected by ftplane)",
+            "cause_class": "crash",
+            "rank": rank,
+            "pid": pid,
+            "signal": "SIGKILL",
+            "exit_code": -9,
+            "injected": True,
+        }
+
     def _carry_out(self, directive: dict[str, Any], rank: int) -> None:
         kind = str(directive.get("kind"))
         with self.lock:
@@ -439,5 +459,6 @@ class NodeAgent:
             )
             self.uplink.flush(2.0)  # what happened must outlive the node
             faults.lose_node(self.launcher.pid)
-        else:
-            faults.signal_rank(process, kind)
+        elif faults.signal_rank(process, kind) and kind == "crash":
+            with self.lock:
+                self.state.injected[self.output.round] = (rank, process.pid)

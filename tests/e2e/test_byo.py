@@ -1,0 +1,157 @@
+"""End to end, bring your own script: examples/byo's plain torch.distributed script, untouched and with the SDK,
+under real node agents and ft_launcher (CPU, gloo), launched and supervised by a real `ftplane serve`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftplane.client import Client
+from tests.conftest import ftplane_server
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+BYO = Path(__file__).resolve().parents[2] / "examples" / "byo"
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    workdir = tmp_path_factory.mktemp("byo")
+    with ftplane_server(workdir) as env:
+        client = Client(url=env["FTPLANE_URL"], token=env["FTPLANE_TOKEN"])
+        client.workdir = workdir  # type: ignore[attr-defined]
+        yield client
+        client.close()
+
+
+def spec(api: Client, name: str, script: str, steps: int, **overrides: Any) -> dict[str, Any]:
+    checkpoints = str(api.workdir / "ckpt" / name)  # type: ignore[attr-defined]
+    body: dict[str, Any] = {
+        "name": name,
+        "command": [
+            "python",
+            str(BYO / script),
+            f"--steps={steps}",
+            "--step-delay-s=0.15",
+            f"--checkpoint-dir={checkpoints}",
+            "--checkpoint-every=10",
+        ],
+        "procs_per_node": 2,
+        "env": {"OMP_NUM_THREADS": "1"},
+        "checkpoint": {"dir": checkpoints, "interval_steps": 10},
+        "resiliency": {
+            "max_in_job_restarts": 2,
+            "max_job_restarts": 0,
+            "initial_heartbeat_timeout_s": 120,
+            "heartbeat_timeout_s": 10,
+        },
+    }
+    body.update(overrides)
+    return body
+
+
+def wait(what: str, condition: Callable[[], Any], timeout: float = 150) -> Any:
+    return wait_for(what, condition, timeout, interval=0.3)
+
+
+def events(api: Client, job_id: str, type_: str) -> list[dict[str, Any]]:
+    return [e for e in api.all_events(job_id) if e["type"] == type_]
+
+
+def finished(api: Client, job_id: str) -> dict[str, Any]:
+    return wait("the job to end", lambda: (j := api.job(job_id))["status"] in ("SUCCEEDED", "FAILED") and j, 240)
+
+
+def test_the_untouched_script_trains_with_log_steps_and_a_crash_restarts_it_in_job(api: Client) -> None:
+    job = api.submit(spec(api, "byo-plain", "train_plain.py", 60, progress={"log_pattern": r"step (?P<step>\d+)"}))
+    reached = wait("steps read from the ranks' output", lambda: (j := api.job(job["id"]))["progress"]["step"] and j)
+    assert reached["progress"]["step"] >= 1 and reached["progress"]["hang_detection"] == "rank"
+    wait("step 15", lambda: api.job(job["id"])["progress"]["step"] >= 15)
+    fault = api.inject(job["id"], {"kind": "crash", "rank": 1, "now": True})
+    assert fault["delivery"] == "agent"
+    restart = wait("the in-job restart", lambda: events(api, job["id"], "injob_restart"))[0]
+    details = restart["details"]
+    assert details["rank"] == 1 and details["signal"] == "SIGKILL" and details["cause_class"] == "crash"
+    assert details["cause"].startswith("rank 1 killed by SIGKILL")
+    done = finished(api, job["id"])
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert events(api, job["id"], "hang_detected") == []  # no false hang, from start to finish
+    assert done["attempt"] == 0  # the launcher recovered it in place
+
+
+def test_the_untouched_script_without_progress_is_not_hung_while_it_lives(api: Client) -> None:
+    job = api.submit(
+        spec(
+            api,
+            "byo-zero",
+            "train_plain.py",
+            40,
+            resiliency={"max_in_job_restarts": 1, "initial_heartbeat_timeout_s": 6, "heartbeat_timeout_s": 6},
+        )
+    )
+    assert api.job(job["id"])["progress"]["hang_detection"] == "node"
+    done = finished(api, job["id"])  # ~8 s of training, past both timeouts more than once
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert events(api, job["id"], "hang_detected") == [] and done["attempt"] == 0
+    (node,) = api.request("GET", f"/v1/jobs/{job['id']}/nodes")
+    assert node["progress"] == "none" and len(node["ranks"]) == 2
+
+
+def test_the_sdk_script_reports_liveness_checkpoints_a_hang_and_goodput(api: Client) -> None:
+    job = api.submit(spec(api, "byo-sdk", "train_sdk.py", 70))
+    wait(
+        "both ranks' liveness",
+        lambda: len(api.ranks(job["id"])) == 2 and min(r["step"] for r in api.ranks(job["id"])) >= 12,
+    )
+    detail = api.job(job["id"])
+    assert detail["progress"]["total_steps"] == 70 and detail["progress"]["eta_s"] is not None
+    api.inject(job["id"], {"kind": "hang", "rank": 0, "now": True})
+    hang = wait("the hang detected", lambda: events(api, job["id"], "hang_detected"), 120)[0]
+    assert hang["rank"] == 0 and hang["details"]["cause_class"] == "hang" and hang["details"]["silent_s"] >= 9
+    done = finished(api, job["id"])
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    saved = events(api, job["id"], "checkpoint_saved")
+    assert saved and all(e["details"]["blocking_s"] >= 0 for e in saved)
+    assert events(api, job["id"], "checkpoint_loaded")  # resumed after the hang
+    goodput = api.request("GET", f"/v1/jobs/{job['id']}/goodput")
+    assert goodput["productive_s"] > 0 and goodput["failures"] >= 1
+    assert goodput["lost_s"]["fault_detection"] > 0 and goodput["lost_s"]["checkpoint_stall"] > 0
+
+
+def test_a_two_node_job_survives_losing_node_1_and_says_which_node_was_lost(api: Client) -> None:
+    job = api.submit(
+        spec(
+            api,
+            "byo-two",
+            "train_plain.py",
+            50,
+            nodes=2,
+            progress={"log_pattern": r"step (?P<step>\d+)"},
+            resiliency={
+                "max_in_job_restarts": 1,
+                "max_job_restarts": 1,
+                "initial_heartbeat_timeout_s": 120,
+                "heartbeat_timeout_s": 10,
+            },
+        )
+    )
+    nodes = wait(
+        "both nodes' ranks",
+        lambda: (n := api.request("GET", f"/v1/jobs/{job['id']}/nodes")) and sum(len(x["ranks"]) for x in n) == 4 and n,
+    )
+    lost = next(n for n in nodes if n["node"].endswith("-n1"))
+    wait("step 10", lambda: (api.job(job["id"])["progress"]["step"] or 0) >= 10)
+    api.inject(job["id"], {"kind": "node_loss", "rank": lost["ranks"][0]["rank"], "now": True})
+    restarted = wait("the job restart", lambda: events(api, job["id"], "job_restart"), 120)[0]
+    assert restarted["attempt"] == 1
+    assert [e["node"] for e in events(api, job["id"], "node_failed")] == [lost["node"]]
+    assert [e["node"] for e in events(api, job["id"], "node_excluded")] == [lost["node"]]
+    done = finished(api, job["id"])
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert done["excluded_nodes"] == [lost["node"]]
+    relaunched = [e for e in events(api, job["id"], "submitted") if e["attempt"] == 1][0]
+    assert "cannot avoid" in relaunched["details"]["note"]  # the local backend says it cannot move the job
