@@ -31,12 +31,13 @@ def test_ingest_smoke(tmp_path: Path) -> None:
     from bench import ingest
 
     out = tmp_path / "ingest.json"
-    argv = ["--duration", "1", "--warmup", "0.2", "--modes", "single,batch", "--batch", "64", "--workers", "1"]
-    argv += ["--fillfactor", "50", "--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL"), "--json", str(out)]
+    argv = ["--duration", "1", "--warmup", "0.2", "--workers", "1", "--concurrency", "2"]
+    argv += ["--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL"), "--json", str(out)]
     assert ingest.main(argv) == 0
     figures = json.loads(out.read_text())
-    assert [f["mode"] for f in figures] == ["single", "batch", "batch"]
-    assert all(f["requests"] > 0 and f["errors"] == 0 for f in figures)
+    modes = [(f["database"], f["mode"]) for f in figures]
+    assert modes == [(db, m) for db in ("postgresql", "sqlite") for m in ("healthz", "report", "heartbeats")]
+    assert all(f["requests_per_s"] > 0 and f["errors"] == 0 for f in figures)
 
 
 def test_detect_smoke(tmp_path: Path) -> None:
