@@ -1,6 +1,7 @@
 """Several jobs at once: `Params.jobs` simulated jobs of `nodes` nodes, every node reporting at the same per-node
 interval, training steadily (no fault story). Their agents start a fraction of an interval apart (each job's start
-is a burst: every rank's `running` event at once); after a warm-up, `duration_s` seconds are measured.
+is a burst: every rank's `running` event at once); once their start-up events are stored (or after STARTUP_S) and
+two more intervals, `duration_s` seconds are measured.
 
 Inside that window one node of each job is cut off the network (its agent's reports fail to connect and are retried
 with the product's backoff) for a while past the heartbeat timeout (`cut_length`), staggered across the jobs, and
@@ -26,6 +27,8 @@ from bench.scale.params import Params
 from bench.scale.simulator import ENDED
 from bench.scale.truth import Observer, Seen
 
+STARTUP_S = 120.0  # at most this long for every job's start-up events to be stored before the window
+
 
 @dataclass
 class JobRun:
@@ -46,16 +49,16 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
     limits = httpx.Limits(max_connections=32)
     async with httpx.AsyncClient(base_url=cp.url, headers=headers, timeout=120, limits=limits) as client:
         runs = [await submit(p, cp, client, workdir, k) for k in range(p.jobs)]
-        for run in runs:
-            with contextlib.suppress(TimeoutError):  # a job the control plane did not launch still gets its agents
-                await run.observer.pod_started(0, 300)
+        await asyncio.gather(*(launched(run) for run in runs))
         stepping = asyncio.create_task(step_all(p, [run.fleet for run in runs]))
+        started = time.monotonic()
         for run in runs:  # each job's start, a fraction of an interval after the previous one's
             await run.fleet.start(0)
             send_running(p, run.fleet)
             await asyncio.sleep(p.report_interval_s / p.jobs)
-        for run in runs:
-            await wait_quiet(run.fleet, 120)
+        quiet = await asyncio.gather(*(wait_quiet(run.fleet, STARTUP_S) for run in runs))
+        startup = {"seconds": time.monotonic() - started, "all_stored": all(quiet)}
+        startup["events_pending"] = sum(run.fleet.pending_events() for run in runs)
         await asyncio.sleep(2 * p.report_interval_s)
 
         window = Window(cp.meter())
@@ -71,12 +74,11 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         await asyncio.gather(*silences)
         stepping.cancel()
 
+        await asyncio.gather(*(run.fleet.close(30.0) for run in runs))
         for run in runs:
-            await run.fleet.close(30.0)
             (run.workdir / "training-done").touch()
+        await asyncio.gather(*(ended(run) for run in runs))
         for run in runs:
-            with contextlib.suppress(TimeoutError):
-                await run.observer.job_until("ended", lambda job: job["status"] in ENDED, 120)
             events = await all_events(client, run.job_id)
             hangs = [(run.cut or 0.0, (run.healed or time.time()) + p.heartbeat_timeout_s)]
             job = (await client.get(f"/v1/jobs/{run.job_id}")).json()
@@ -91,6 +93,7 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         "params": vars(p),
         "baseline": baseline,
         "cpu": window.cpu,
+        "startup": startup,
         "cut_s": cut_length(p),
         "ingest": ingest_figures(total, window, baseline, p.nodes * p.jobs),
         "duties": duty_figures(cp.duty_durations(), p.supervise_interval_s, window),
@@ -109,6 +112,16 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         ],
         "events": {"lost": sum(run.figures["events"]["lost"] for run in runs)},
     }
+
+
+async def launched(run: JobRun) -> None:
+    with contextlib.suppress(TimeoutError):  # a job the control plane did not launch still gets its agents
+        await run.observer.pod_started(0, 300)
+
+
+async def ended(run: JobRun) -> None:
+    with contextlib.suppress(TimeoutError):
+        await run.observer.job_until("ended", lambda job: job["status"] in ENDED, 120)
 
 
 async def submit(p: Params, cp: ControlPlane, client: httpx.AsyncClient, workdir: Path, k: int) -> JobRun:

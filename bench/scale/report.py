@@ -161,7 +161,17 @@ def one_job_report(f: dict[str, Any]) -> str:
 
 def jobs_report(f: dict[str, Any]) -> str:
     p = f["params"]
+    up = f["startup"]
     lines = [f"{len(f['jobs'])} jobs at once, {f['ingest']['window_s']:.0f} s measured", ""]
+    lines += [
+        "start-up: every job's agents started and their `running` events sent; "
+        + (
+            f"all stored {up['seconds']:.0f} s after the first start"
+            if up["all_stored"]
+            else f"{up['events_pending']:,} still not stored {up['seconds']:.0f} s after the first start"
+        ),
+        "",
+    ]
     lines += ["baseline (same API, before the jobs):", baseline_table(f["baseline"]), ""]
     rows = [(f"job {j['job']}", j["ingest"]) for j in f["jobs"]] + [("all", f["ingest"])]
     lines += ["ingest per job and in all (API µs/report: the API's CPU over all the jobs' reports):"]
