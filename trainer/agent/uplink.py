@@ -580,7 +580,7 @@ class AsyncUplink(NodeEvents):
             if self.on_settled is not None:
                 self.on_settled(report, outcome, time.monotonic() - started)
             hand_over_faults(outcome, self.on_faults)
-            await asyncio.sleep(0)  # a flush resends without waiting: let the loop's other tasks run between tries
+            await asyncio.sleep(0)  # between two reports, let the loop's other tasks run (many uplinks share it)
 
     async def _post(self, report: Report) -> Outcome:
         try:
