@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any
@@ -46,12 +47,17 @@ class EventType(StrEnum):
     spares_exhausted = "spares_exhausted"
     straggler_detected = "straggler_detected"
     straggler_cleared = "straggler_cleared"
+    restart_storm = "restart_storm"
+    progress_stalled = "progress_stalled"
+    recovery_stuck = "recovery_stuck"
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
 
 
 RESTART_TYPES = frozenset({EventType.inprocess_restart, EventType.injob_restart, EventType.job_restart})
+# Restart anomalies of the job as a whole (workers/supervision/detect_restart_anomalies.py).
+ANOMALY_TYPES = frozenset({EventType.restart_storm, EventType.progress_stalled, EventType.recovery_stuck})
 
 
 def utcnow() -> datetime:
@@ -65,22 +71,35 @@ _NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
 
 def _not_a_number(value: Any) -> Any:
     # pydantic would read a number as Unix time (seconds or milliseconds, a guess); the API says ISO 8601.
-    if isinstance(value, int | float) or (isinstance(value, str) and _NUMBER.fullmatch(value)):
+    # Cheap first: an ISO 8601 date has a '-' after its year or a 'T'; only a string without them can be a number.
+    if isinstance(value, int | float) or (
+        isinstance(value, str) and "-" not in value[1:] and "T" not in value and _NUMBER.fullmatch(value)
+    ):
         raise ValueError("give an ISO 8601 timestamp with a time zone, e.g. 2026-01-31T12:00:00Z, not a number")
     return value
 
 
 def _aware(value: datetime) -> datetime:
-    if value.utcoffset() is None:
+    offset = value.utcoffset()
+    if offset is None:
         raise ValueError("this timestamp has no time zone: add one, e.g. Z for UTC")
+    if not offset and value.tzinfo is UTC:
+        return value
     try:
         return value.astimezone(UTC)
     except OverflowError as exc:
         raise ValueError("this timestamp is out of range") from exc
 
 
+_latest = [0.0, EARLIEST_REPORT]  # [monotonic time it was computed, the latest time a report may have]
+
+
 def _plausible(value: datetime) -> datetime:
-    if not EARLIEST_REPORT <= value <= utcnow() + MAX_CLOCK_AHEAD:
+    # The upper bound is a day ahead: read the clock once a second, not once per heartbeat of a large batch.
+    now = time.monotonic()
+    if now - _latest[0] > 1.0:
+        _latest[:] = [now, utcnow() + MAX_CLOCK_AHEAD]
+    if not EARLIEST_REPORT <= value <= _latest[1]:
         raise ValueError("must be after 2000-01-01 and at most a day ahead of the control plane: check the clock")
     return value
 
@@ -199,6 +218,22 @@ class HeartbeatIn(BaseModel):
     step_time_s: float | None = Field(
         default=None, strict=True, ge=0, le=7 * 86400, description="Seconds per step, measured."
     )
+    compute_s: float | None = Field(
+        default=None,
+        strict=True,
+        ge=0,
+        le=7 * 86400,
+        description="Seconds of the rank's own work in its last step (sections it timed, e.g. with the SDK's "
+        "run.compute(); no waiting on other ranks). In synchronous training every rank's step time is the job's: "
+        "a slow rank shows here.",
+    )
+    perf_score: float | None = Field(
+        default=None,
+        strict=True,
+        ge=0,
+        le=1,
+        description="NVRx straggler detection's score of this rank (1: as fast as the best rank), when it runs.",
+    )
     total_steps: Annotated[int, JsonInt(ge=1, le=10**12)] | None = Field(
         default=None, description="The steps the job will run."
     )
@@ -218,6 +253,8 @@ class FaultDirective(BaseModel):
     kind: str
     rank: int
     at_step: int | None = None
+    fraction: float | None = Field(default=None, description="slowdown: the fraction of its step time slept.")
+    duration_steps: int | None = Field(default=None, description="slowdown: for how many steps.")
 
 
 class HeartbeatResult(BaseModel):
@@ -238,4 +275,6 @@ class RankOut(BaseModel):
     throughput: float | None
     loss: float | None
     step_time_s: float | None = None
+    compute_s: float | None = None
+    perf_score: float | None = None
     stale: bool = False
