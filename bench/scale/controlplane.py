@@ -35,7 +35,7 @@ from bench.common import (
 )
 from bench.scale.params import Params
 from bench.scale.truth import launched_command
-from ftplane.devserver import wait_until_ready
+from ftplane.devserver import cancel_running_jobs, wait_until_ready
 from workers.celery_app import DUTY_TASKS
 
 LOCAL_RUNNER = "workers.backends.local_runner"
@@ -170,6 +170,8 @@ def control_plane(p: Params, workdir: Path, database_url: str | None, redis_url:
             wait_until_ready(url, parts["api"], workdir / "api.log", 90, "ftplane serve --only api")
             yield ControlPlane(url, admin, make_url(db).database or "", workdir, parts)
         finally:
+            if parts.get("api") is not None and parts["api"].poll() is None:
+                cancel_running_jobs(url, admin, timeout=60)  # local jobs outlive their worker on purpose
             for proc in reversed(parts.values()):
                 proc.terminate()
             for proc in reversed(parts.values()):

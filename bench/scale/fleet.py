@@ -294,3 +294,30 @@ async def wait_quiet(fleet: Fleet, timeout: float) -> bool:
             return False
         await asyncio.sleep(0.1)
     return True
+
+
+class LoopWatch:
+    """How late this process's event loop runs a 50 ms timer. The agents' connect and read timeouts run on this
+    loop: while it is late by more than a timeout, a POST can time out on the simulator's side, not the server's."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []  # (wall clock, seconds late)
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + 0.05
+            await asyncio.sleep(0.05)
+            self.samples.append((time.time(), loop.time() - due))
+
+    def between(self, lo: float, hi: float) -> dict[str, float]:
+        late = [s for t, s in self.samples if lo <= t <= hi]
+        return {
+            "p99_ms": sorted(late)[int(0.99 * (len(late) - 1))] * 1000 if late else float("nan"),
+            "max_ms": max(late, default=float("nan")) * 1000,
+            "over_2s_s": sum(0.05 + s for s in late if s > 2.0),  # time the loop spent more than 2 s behind
+        }

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from bench.scale.controlplane import ControlPlane, Window, job_spec
-from bench.scale.fleet import Fleet, Tally, iso, wait_quiet
+from bench.scale.fleet import Fleet, LoopWatch, Tally, iso, wait_quiet
 from bench.scale.one_job import all_events, duty_figures, event_figures, ingest_figures
 from bench.scale.params import Params
 from bench.scale.simulator import ENDED
@@ -48,17 +48,21 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
     headers = {"Authorization": f"Bearer {cp.admin}"}
     limits = httpx.Limits(max_connections=32)
     async with httpx.AsyncClient(base_url=cp.url, headers=headers, timeout=120, limits=limits) as client:
+        watch = LoopWatch()
+        watch.start()
         runs = [await submit(p, cp, client, workdir, k) for k in range(p.jobs)]
         await asyncio.gather(*(launched(run) for run in runs))
         stepping = asyncio.create_task(step_all(p, [run.fleet for run in runs]))
         started = time.monotonic()
+        started_wall = time.time()
         for run in runs:  # each job's start, a fraction of an interval after the previous one's
             await run.fleet.start(0)
             send_running(p, run.fleet)
             await asyncio.sleep(p.report_interval_s / p.jobs)
         quiet = await asyncio.gather(*(wait_quiet(run.fleet, STARTUP_S) for run in runs))
-        startup = {"seconds": time.monotonic() - started, "all_stored": all(quiet)}
+        startup: dict[str, Any] = {"seconds": time.monotonic() - started, "all_stored": all(quiet)}
         startup["events_pending"] = sum(run.fleet.pending_events() for run in runs)
+        startup["loop"] = watch.between(started_wall, time.time())
         await asyncio.sleep(2 * p.report_interval_s)
 
         window = Window(cp.meter())
@@ -71,6 +75,7 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         for run in runs:
             run.fleet.tally.measuring = False
         window.end()
+        loop_lag = watch.between(window.started_wall, window.started_wall + window.elapsed)
         await asyncio.gather(*silences)
         stepping.cancel()
 
@@ -94,6 +99,7 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         "baseline": baseline,
         "cpu": window.cpu,
         "startup": startup,
+        "loop": loop_lag,
         "cut_s": cut_length(p),
         "ingest": ingest_figures(total, window, baseline, p.nodes * p.jobs),
         "duties": duty_figures(cp.duty_durations(), p.supervise_interval_s, window),

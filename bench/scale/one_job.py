@@ -14,7 +14,7 @@ import httpx
 
 from bench.common import LoadResult, percentile
 from bench.scale.controlplane import ControlPlane, Window, job_spec
-from bench.scale.fleet import Fleet
+from bench.scale.fleet import Fleet, LoopWatch
 from bench.scale.params import BUCKETS, Params
 from bench.scale.simulator import Simulation
 from bench.scale.truth import parse
@@ -27,6 +27,8 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         created.raise_for_status()
         job_id, token = created.json()["id"], created.json()["token"]
         window = Window(cp.meter())
+        watch = LoopWatch()
+        watch.start()
         sim = Simulation(p, client, cp.url, job_id, token, workdir, window)
         try:
             await sim.run()
@@ -45,6 +47,7 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         "job": {"id": job["id"], "status": job["status"], "attempts": job["attempt"] + 1},
         "ingest": ingest_figures(sim.fleet, window, baseline, p.nodes),
         "cpu": window.cpu,
+        "loop": watch.between(window.started_wall, window.started_wall + window.elapsed),
         "duties": duty_figures(cp.duty_durations(), p.supervise_interval_s, window),
         "detection": detection_figures(sim),
         "events": event_figures(sim.fleet, events, listing_s, hang_windows(sim, p)),

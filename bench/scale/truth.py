@@ -88,7 +88,10 @@ class Observer:
         """Look past every `type_` event stored so far (before a fault: an earlier event is not its detection)."""
         while True:
             params = {"type": type_, "cursor": self.cursors.get(type_, 0), "limit": 1000}
-            page = await self._get(f"/v1/jobs/{self.job_id}/events", params)
+            page = await self._get(f"/v1/jobs/{self.job_id}/events", params, soft=True)
+            if page is None:  # the API did not answer: what it stored meanwhile is looked past next time
+                await asyncio.sleep(self.poll_s)
+                continue
             if page["items"]:
                 self.cursors[type_] = int(page["items"][-1]["id"])
             if not page["next_cursor"]:
