@@ -18,6 +18,14 @@
    from a separate process while training goes on.
 
 Version notes (the trainer runs on nvidia-resiliency-ext 0.4.1 and 0.7.x):
+- On CUDA the trainer expects NVRx 0.7.x (`NVRX_FOR_CUDA`, pyproject's `gpu` extra): the async
+  writer's warm-up and cached plan below were written against it, and tests/trainer/test_nvrx_cuda.py
+  runs on it (bench/gpu_setup.sh, one GPU). `NvrxAsyncSaver` warns on any other version. 0.4.1 is what
+  CPU machines install (the Makefile's pin), where the async engine is `dcp.async_save`.
+- The few private NVRx attributes used here (0.4.1's `_get_write_results_queue`, its
+  `AsyncCallsQueue.async_calls` and `persistent_caller`) are touched only on the versions whose source
+  they were read in (`NVRX_INTERNALS_READ`, checked by `internals_read()`); elsewhere the code takes a
+  public call or does without (tests/trainer/test_nvrx_versions.py).
 - NVRx marks in-process restart deprecated from 0.6 on. ftplane keeps the rung
   (it is the cheapest where it works); `inprocess_available()` says whether the
   installed NVRx still has the Wrapper, and the SDK runs the training function
@@ -61,6 +69,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 try:
     from nvidia_resiliency_ext import inprocess as _inprocess
@@ -76,6 +86,27 @@ try:
 except importlib.metadata.PackageNotFoundError:  # pragma: no cover - e.g. a source checkout on PYTHONPATH
     NVRX_VERSION = None
 FT_RANK_MONITOR_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+# The NVRx the CUDA path (the async checkpoint writer) is written against and tested with; pyproject's
+# `gpu` extra pins the same.
+NVRX_FOR_CUDA = "~=0.7.0"
+# Versions whose source the private attributes used below were read in.
+NVRX_INTERNALS_READ = ("==0.4.1", "~=0.7.0")
+
+
+def nvrx_version_matches(specifier: str, version: str | None = None) -> bool:
+    """Whether the installed NVRx (or `version`) satisfies `specifier`; False when it is unknown."""
+    version = NVRX_VERSION if version is None else version
+    if version is None:
+        return False
+    try:
+        return Version(version) in SpecifierSet(specifier)
+    except InvalidVersion:
+        return False
+
+
+def internals_read(version: str | None = None) -> bool:
+    """Whether NVRx's private attributes may be used: only on the versions they were read in."""
+    return any(nvrx_version_matches(spec, version) for spec in NVRX_INTERNALS_READ)
 
 
 # --- 1. ft_launcher heartbeats -------------------------------------------------------------------
@@ -358,11 +389,11 @@ def _start_results_queue() -> threading.Thread | None:
     """Make NVRx's per-process results queue (a Manager process) on a thread of its own."""
     from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
 
-    create = getattr(filesystem_async, "get_write_results_queue", None) or getattr(
-        filesystem_async, "_get_write_results_queue", None
-    )
+    create = getattr(filesystem_async, "get_write_results_queue", None)  # public from 0.7-ish
+    if create is None and internals_read():
+        create = getattr(filesystem_async, "_get_write_results_queue", None)
     if create is None:
-        return None
+        return None  # the first save makes it, while training waits
     thread = threading.Thread(target=create, name="nvrx-results-queue", daemon=True)
     thread.start()
     return thread
@@ -377,7 +408,15 @@ class NvrxAsyncSaver:
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
         from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
 
+        if not nvrx_version_matches(NVRX_FOR_CUDA):
+            log.warning(
+                "the async checkpoint writer is tested with nvidia-resiliency-ext %s, this is %s: "
+                "install ftplane[gpu] (or that version) on GPU machines",
+                NVRX_FOR_CUDA,
+                NVRX_VERSION,
+            )
         self.queue = AsyncCallsQueue(persistent=True)
+        self._abandoned = False
         self._results_queue_started = _start_results_queue()
         takes = inspect.signature(FileSystemWriterAsync.__init__).parameters
         self._writer_options: dict[str, Any] = {"thread_count": 2}
@@ -434,20 +473,37 @@ class NvrxAsyncSaver:
 
     def poll(self, blocking: bool = False) -> None:
         """Finalize the saves that are done (a collective: every rank calls it at the same step)."""
-        self.queue.maybe_finalize_async_calls(blocking=blocking, no_dist=False)
+        if not self._abandoned:
+            self.queue.maybe_finalize_async_calls(blocking=blocking, no_dist=False)
 
     @property
     def in_flight(self) -> int:
-        return self.queue.get_num_unfinalized_calls()
+        return 0 if self._abandoned else self.queue.get_num_unfinalized_calls()
 
     def close(self) -> None:
         """Finalize what is left (a collective) and stop the writer process."""
-        self.queue.close()
+        if not self._abandoned:
+            self.queue.close()
 
     def abandon(self) -> None:
         """After a fault: stop the writer process without finalizing (no collectives with peers that
-        may be gone); what was in flight never gets its completion marker."""
-        self.queue.async_calls.clear()
-        caller = getattr(self.queue, "persistent_caller", None)
-        if caller is not None:
-            caller.close()  # waits for this rank's write in progress, then ends the process
+        may be gone); what was in flight never gets its completion marker, and this saver finalizes
+        nothing more."""
+        self._abandoned = True
+        if "abort" in inspect.signature(self.queue.close).parameters:
+            # Public from 0.7-ish: the writer process is stopped (SIGTERM, SIGKILL after NVRx's
+            # timeout), nothing is finalized.
+            self.queue.close(abort=True)
+        elif internals_read():
+            # 0.4.1: drop the unfinalized calls, then stop the writer (it finishes the write in
+            # progress first).
+            self.queue.async_calls.clear()
+            caller = getattr(self.queue, "persistent_caller", None)
+            if caller is not None:
+                caller.close()
+        else:
+            log.warning(
+                "nvidia-resiliency-ext %s: cannot stop the async checkpoint writer without finalizing; "
+                "it ends with this process (what it was writing is never marked complete)",
+                NVRX_VERSION,
+            )
