@@ -7,6 +7,9 @@
     ftplane_heartbeats_total                   heartbeats ingested
     ftplane_checkpoint_blocking_seconds        training time blocked per checkpoint_saved (histogram)
     ftplane_webhook_deliveries_total{outcome}  delivery tries: delivered | retrying | failed
+    ftplane_stragglers_detected_total          straggler_detected events (episodes opened)
+    ftplane_anomalies_total{kind}              restart anomalies: restart_storm | progress_stalled |
+                                                recovery_stuck
 
 A leaf: it imports nothing from api/services, so whatever stores events or delivers webhooks can
 count. `/metrics`, its gauges read from the database and the multiprocess mode: api/routes/metrics.py.
@@ -21,7 +24,7 @@ from prometheus_client import Counter, Histogram, disable_created_metrics
 
 from api.database.tables import Event
 from api.schemas.causes import CauseClass, cause_class_of
-from api.schemas.events import RESTART_TYPES, EventType
+from api.schemas.events import ANOMALY_TYPES, RESTART_TYPES, EventType
 
 RESTARTS = Counter("ftplane_restarts", "Restarts by recovery rung and cause class.", ["rung", "cause"])
 HANGS = Counter("ftplane_hangs_detected", "hang_detected events stored.")
@@ -32,6 +35,8 @@ CHECKPOINT_BLOCKING = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
 )
 WEBHOOK_DELIVERIES = Counter("ftplane_webhook_deliveries", "Webhook delivery tries by outcome.", ["outcome"])
+STRAGGLERS = Counter("ftplane_stragglers_detected", "straggler_detected events stored (episodes opened).")
+ANOMALIES = Counter("ftplane_anomalies", "Restart anomalies announced, by kind.", ["kind"])
 
 disable_created_metrics()  # no `_created` twin per series: dashboards use rate()/increase()
 
@@ -46,6 +51,8 @@ def _zero_series() -> None:
             RESTARTS.labels(rung=rung, cause=cause.value)
     for outcome in DELIVERY_OUTCOMES:
         WEBHOOK_DELIVERIES.labels(outcome=outcome)
+    for kind in ANOMALY_TYPES:
+        ANOMALIES.labels(kind=kind.value)
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,10 @@ def events_observed(facts: Iterable[EventFacts]) -> None:
             RESTARTS.labels(rung=fact.type.removesuffix("_restart"), cause=fact.cause.value).inc()
         elif fact.type == EventType.hang_detected:
             HANGS.inc()
+        elif fact.type == EventType.straggler_detected:
+            STRAGGLERS.inc()
+        elif fact.type in ANOMALY_TYPES:
+            ANOMALIES.labels(kind=fact.type).inc()
         elif fact.type == EventType.checkpoint_saved and fact.blocking_s is not None:
             CHECKPOINT_BLOCKING.observe(fact.blocking_s)
 

@@ -17,6 +17,11 @@ The kinds and the recovery rung each one exercises (see docs/fault-injection.md)
 - `hang`: the step blocks forever, so no heartbeat of either kind follows:
   detected by ft_launcher's rank heartbeat timeout (or the Wrapper's soft
   timeout when in-process restart is on).
+- `slowdown`: the rank sleeps `fraction` of its step time (measured before the
+  slowdown began) in each of `duration_steps` steps, a straggler: found by the
+  control plane's straggler detection, nothing fails. The sleep is the rank's
+  own time (no waiting on its peers): the SDK counts it in the step's
+  `compute_s`, as it would a slow section of its own work.
 
 `fault_injected` is reported, and flushed (bounded), before the fault fires,
 so the event survives even a SIGKILL. Reports go through an `EventSink`
@@ -44,7 +49,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FaultKind = Literal["exception", "crash", "hang"]
+FaultKind = Literal["exception", "crash", "hang", "slowdown"]
+MAX_SLOWDOWN_FRACTION = 10.0
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 
 
@@ -59,6 +65,17 @@ class FaultSpec:
     kind: str
     rank: int
     at_step: int
+    fraction: float | None = None  # slowdown: of the step time, slept each step
+    duration_steps: int | None = None  # slowdown: for this many steps
+
+
+def slowdown_error(fraction: Any, duration_steps: Any) -> str | None:
+    """Why a slowdown's fraction or duration is not one the control plane sends, or None."""
+    if not isinstance(fraction, int | float) or isinstance(fraction, bool) or not 0 < fraction <= MAX_SLOWDOWN_FRACTION:
+        return f"fraction: expected a number in (0, {MAX_SLOWDOWN_FRACTION:g}], got {fraction!r}"
+    if not isinstance(duration_steps, int) or isinstance(duration_steps, bool) or duration_steps < 1:
+        return f"duration_steps: expected an integer >= 1, got {duration_steps!r}"
+    return None
 
 
 def parse_faults(text: str | Sequence[Mapping[str, Any]] | None) -> list[FaultSpec]:
@@ -76,7 +93,7 @@ def parse_faults(text: str | Sequence[Mapping[str, Any]] | None) -> list[FaultSp
         where = f"faults[{i}]"
         if not isinstance(item, Mapping):
             raise FaultSpecError(f"{where}: expected an object with kind, rank, at_step")
-        unknown = set(item) - {"kind", "rank", "at_step"}
+        unknown = set(item) - {"kind", "rank", "at_step", "fraction", "duration_steps"}
         if unknown:
             raise FaultSpecError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         kind = item.get("kind")
@@ -88,7 +105,12 @@ def parse_faults(text: str | Sequence[Mapping[str, Any]] | None) -> list[FaultSp
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise FaultSpecError(f"{where}.{name}: expected an integer >= 0, got {value!r}")
             numbers[name] = value
-        faults.append(FaultSpec(kind=kind, **numbers))
+        fraction, duration = item.get("fraction"), item.get("duration_steps")
+        if kind == "slowdown" and (why := slowdown_error(fraction, duration)) is not None:
+            raise FaultSpecError(f"{where}.{why}")
+        if kind != "slowdown" and (fraction is not None or duration is not None):
+            raise FaultSpecError(f"{where}: fraction and duration_steps are for kind slowdown only")
+        faults.append(FaultSpec(kind=kind, fraction=fraction, duration_steps=duration, **numbers))
     return faults
 
 
@@ -104,6 +126,19 @@ class PlannedFault:
     at_step: int | None
     source: str  # spec | control_plane
     index: int | None = None
+    fraction: float | None = None
+    duration_steps: int | None = None
+
+
+@dataclass
+class _Slowdown:
+    """A slowdown under way: steps [first, end) sleep `fraction` of `base_s` each."""
+
+    fault_id: str
+    fraction: float
+    first: int
+    end: int
+    base_s: float | None = None  # the rank's step time before it began (known from the first step measured)
 
 
 def marker_dir(checkpoint_dir: str | None, job_id: str | None) -> Path:
@@ -135,10 +170,11 @@ class FaultInjector:
         self.reporter = reporter
         self.flush_timeout_s = flush_timeout_s
         self._planned = [
-            PlannedFault(f"spec-{i}", f.kind, f.rank, f.at_step, "spec", i)
+            PlannedFault(f"spec-{i}", f.kind, f.rank, f.at_step, "spec", i, f.fraction, f.duration_steps)
             for i, f in enumerate(faults)
             if f.rank == rank
         ]
+        self._slowdowns: list[_Slowdown] = []
         self._directives: list[PlannedFault] = []
         self._seen_directives: set[str] = set()
         self._settled: set[str] = set()  # spec faults considered at their step by this process
@@ -158,20 +194,50 @@ class FaultInjector:
                     log.warning("ignoring fault directive %s: kind %r is not one of %s", fault_id, kind, FAULT_KINDS)
                     continue
                 at_step = d.get("at_step")
+                fraction, duration = d.get("fraction"), d.get("duration_steps")
+                if kind == "slowdown" and (why := slowdown_error(fraction, duration)) is not None:
+                    log.warning("ignoring slowdown directive %s: %s", fault_id, why)
+                    continue
                 self._directives.append(
-                    PlannedFault(fault_id, kind, rank, at_step if isinstance(at_step, int) else None, "control_plane")
+                    PlannedFault(
+                        fault_id,
+                        kind,
+                        rank,
+                        at_step if isinstance(at_step, int) else None,
+                        "control_plane",
+                        fraction=fraction if kind == "slowdown" else None,
+                        duration_steps=duration if kind == "slowdown" else None,
+                    )
                 )
                 log.info("fault directive %s: %s on rank %d at step %s", fault_id, kind, rank, at_step)
 
-    def before_step(self, step: int) -> None:
-        """Called by the rank just before it runs step `step` (0-based); may not return.
+    def before_step(self, step: int, step_time_s: float | None = None) -> None:
+        """Called by the rank just before it runs step `step` (0-based); may not return. `step_time_s`: the
+        rank's recent seconds per step (what a slowdown starting here sleeps a fraction of).
 
         Faults due at the same step fire one at a time: the first one ends the step (and the
-        process or the iteration), the next fires when the step is run again.
+        process or the iteration), the next fires when the step is run again. A slowdown under way
+        sleeps here, once per step.
         """
         while (fault := self._next_due(step)) is not None:
             if self._claim(fault, step):
                 self._fire(fault, step)
+        if self._slowdowns:
+            self._slow_down(step, step_time_s)
+
+    def _slow_down(self, step: int, step_time_s: float | None) -> None:
+        sleep = 0.0
+        for slow in list(self._slowdowns):
+            if step >= slow.end:
+                self._slowdowns.remove(slow)
+                log.warning("slowdown %s on rank %d ended before step %d", slow.fault_id, self.rank, step)
+                continue
+            if slow.base_s is None:
+                slow.base_s = step_time_s
+            if slow.base_s is not None and step >= slow.first:
+                sleep = max(sleep, slow.fraction * slow.base_s)  # overlapping slowdowns: the slowest wins
+        if sleep > 0:
+            time.sleep(sleep)
 
     def _next_due(self, step: int) -> PlannedFault | None:
         with self._lock:
@@ -223,6 +289,8 @@ class FaultInjector:
         }
         if fault.index is not None:
             details["index"] = fault.index
+        if fault.kind == "slowdown":
+            details.update(fraction=fault.fraction, duration_steps=fault.duration_steps)
         self.reporter.event("fault_injected", details=details, step=step, rank=self.rank)
         delivered = self.reporter.flush(self.flush_timeout_s)
         log.warning(
@@ -239,6 +307,9 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "hang":
             hang_forever()
+        if fault.kind == "slowdown":
+            assert fault.fraction is not None and fault.duration_steps is not None
+            self._slowdowns.append(_Slowdown(fault.fault_id, fault.fraction, step, step + fault.duration_steps))
 
 
 def hang_forever() -> None:

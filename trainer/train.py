@@ -7,6 +7,8 @@ otherwise, each failure reported. `train` is one iteration of that restart loop:
 model, FSDP2 sharding, optimizer, checkpointer, resume, then the loop. Each step: train,
 checkpoint, then `run.step()`: liveness three ways (the control plane's heartbeat, ft_launcher's
 rank heartbeat, the Wrapper's progress ping), then a fault due before the next step.
+The rank's own work in a step (its batch, its shard's optimizer step: no collective) is timed in
+straggler sections (`compute_s` for the control plane; NVRx's detector too, on CUDA).
 
 In-job restarts are the node agent's to report: it sees ft_launcher restart the group, and why.
 """
@@ -79,6 +81,7 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
     """One iteration of the in-process restart loop (the only one without in-process restart)."""
     rank, world_size = init_process_group(placement, store, run.iteration)
     checkpointer = None
+    stragglers = None
     try:
         # Model, sharded with FSDP2 over all ranks.
         args = cfg.model_args
@@ -137,24 +140,28 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
 
         metrics = _open_metrics(cfg, rank)
         tokens_per_step = cfg.batch_size * args.seq_len
+        # Straggler sections: the rank's own work, timed for the heartbeat's compute_s (and by NVRx on CUDA).
+        stragglers = sdk.straggler_detection(run, cuda=placement.device.type == "cuda")
         for step in range(start_step, cfg.steps):
             started = time.perf_counter()
-            inputs, targets = synthetic_batch(
-                args,
-                batch_size=cfg.batch_size,
-                seed=cfg.seed,
-                step=step,
-                dp_rank=rank,
-                device=placement.device,
-            )
+            with stragglers.section("batch"):
+                inputs, targets = synthetic_batch(
+                    args,
+                    batch_size=cfg.batch_size,
+                    seed=cfg.seed,
+                    step=step,
+                    dp_rank=rank,
+                    device=placement.device,
+                )
             logits = model(inputs)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
             loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            with stragglers.section("optimizer"):  # FSDP2: each rank updates its own shard
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if cfg.step_delay_s:
+                    time.sleep(cfg.step_delay_s)  # stands in for more work of the rank's own
             loss_value = loss.item()
-            if cfg.step_delay_s:
-                time.sleep(cfg.step_delay_s)
             step_s = time.perf_counter() - started
             done = step + 1
 
@@ -207,6 +214,8 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
             checkpointer.abandon()
         raise
     finally:
+        if stragglers is not None:
+            stragglers.close()
         destroy_process_group()
     if rank == 0:
         log.info("training finished at step %d", cfg.steps)

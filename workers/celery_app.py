@@ -31,6 +31,8 @@ DUTY_TASKS = (
     "ftplane.launch_attempts",
     "ftplane.reconcile_attempts",
     "ftplane.detect_silent_ranks",
+    "ftplane.detect_stragglers",
+    "ftplane.detect_restart_anomalies",
     "ftplane.time_out_pending_attempts",
     "ftplane.cancel_jobs",
     "ftplane.release_finished_jobs",

@@ -129,6 +129,8 @@ class RankLiveness(Base):
     throughput: Mapped[float | None] = mapped_column(Float, default=None)
     loss: Mapped[float | None] = mapped_column(Float, default=None)
     step_time_s: Mapped[float | None] = mapped_column(Float, default=None)
+    compute_s: Mapped[float | None] = mapped_column(Float, default=None)  # the rank's own work in its last step
+    perf_score: Mapped[float | None] = mapped_column(Float, default=None)  # NVRx straggler detection's score
 
 
 class NodeLiveness(Base):
@@ -175,9 +177,40 @@ class PendingFault(Base):
     kind: Mapped[str] = mapped_column(String(16))
     rank: Mapped[int] = mapped_column(Integer)
     at_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    fraction: Mapped[float | None] = mapped_column(Float, default=None)  # slowdown: of the step time, slept
+    duration_steps: Mapped[int | None] = mapped_column(BigInteger, default=None)  # slowdown: for this many steps
     delivery: Mapped[str] = mapped_column(String(16))  # api.models.faults.Delivery
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     delivered_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class JobWatch(Base):
+    """What the watching duties carry from one pass to the next for a job (soft state, rebuilt if lost): the
+    straggler window's passes and open episodes, the restart anomalies' open episodes."""
+
+    __tablename__ = "job_watch"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    stragglers: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    open_stragglers: Mapped[int] = mapped_column(Integer, default=0, index=True)  # episodes open now
+    anomalies: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class StragglerSample(Base):
+    """A rank found below the straggler threshold in one pass (only those: a healthy pass writes nothing)."""
+
+    __tablename__ = "straggler_samples"
+    __table_args__ = (Index("ix_straggler_samples_job_ts", "job_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[datetime]
+    score: Mapped[float] = mapped_column(Float)
+    pace_s: Mapped[float] = mapped_column(Float)
+    reference_s: Mapped[float] = mapped_column(Float)
 
 
 class WebhookSubscription(Base):

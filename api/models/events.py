@@ -152,3 +152,19 @@ def of_job(session: Session, job_id: str, *, types: Sequence[str] = ()) -> list[
     if types:
         query = query.where(Event.type.in_(list(types)))
     return list(session.scalars(query.order_by(Event.ts, Event.id)))
+
+
+def last_ts_of_job(
+    session: Session, job_id: str, types: Sequence[str], *, before: datetime | None = None
+) -> datetime | None:
+    """The newest time of the job's events of these types (over every attempt), before `before` if given."""
+    query = select(func.max(Event.ts)).where(Event.job_id == job_id, Event.type.in_(list(types)))
+    if before is not None:
+        query = query.where(Event.ts <= before)
+    return session.scalar(query)
+
+
+def max_step_of_job(session: Session, job_id: str, type_: str, *, before: datetime) -> int | None:
+    """The highest step of the job's events of one type at or before `before` (e.g. the newest checkpoint then)."""
+    query = select(func.max(Event.step)).where(Event.job_id == job_id, Event.type == type_, Event.ts <= before)
+    return session.scalar(query)

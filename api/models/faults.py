@@ -23,8 +23,8 @@ from api.core.security import new_id
 from api.database.tables import Job, PendingFault
 from api.schemas.events import utcnow
 
-# What only the rank's own code can do: raise inside the training step.
-RANK_ONLY_KINDS = frozenset({"exception"})
+# What only the rank's own code can do: raise inside the training step, sleep in each step (a slowdown).
+RANK_ONLY_KINDS = frozenset({"exception", "slowdown"})
 
 
 class Delivery(StrEnum):
@@ -40,7 +40,16 @@ def delivery_for(kind: str, *, now: bool) -> Delivery:
 
 
 def request(
-    session: Session, job_id: str, attempt: int, *, kind: str, rank: int, at_step: int | None, now: bool
+    session: Session,
+    job_id: str,
+    attempt: int,
+    *,
+    kind: str,
+    rank: int,
+    at_step: int | None,
+    now: bool,
+    fraction: float | None = None,
+    duration_steps: int | None = None,
 ) -> PendingFault:
     delivery = delivery_for(kind, now=now)
     fault = PendingFault(
@@ -50,6 +59,8 @@ def request(
         kind=kind,
         rank=rank,
         at_step=None if delivery == Delivery.agent else at_step,
+        fraction=fraction,
+        duration_steps=duration_steps,
         delivery=delivery.value,
     )
     session.add(fault)

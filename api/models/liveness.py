@@ -36,10 +36,12 @@ def record_heartbeats(session: Session, job_id: str, attempt: int, beats: Sequen
             "throughput": b.throughput,
             "loss": b.loss,
             "step_time_s": b.step_time_s,
+            "compute_s": b.compute_s,
+            "perf_score": b.perf_score,
         }
         for b in newest.values()
     ]
-    chunk = max_rows_per_statement(session, 9)
+    chunk = max_rows_per_statement(session, 11)
     for start in range(0, len(rows), chunk):
         stmt = insert_for(session, RankLiveness).values(rows[start : start + chunk])
         stmt = stmt.on_conflict_do_update(
@@ -47,6 +49,7 @@ def record_heartbeats(session: Session, job_id: str, attempt: int, beats: Sequen
             set_={
                 c: stmt.excluded[c]
                 for c in ("attempt", "node", "step", "last_seen", "throughput", "loss", "step_time_s")
+                + ("compute_s", "perf_score")
             },
             where=(RankLiveness.attempt < stmt.excluded.attempt)
             | ((RankLiveness.attempt == stmt.excluded.attempt) & (RankLiveness.last_seen <= stmt.excluded.last_seen)),
@@ -59,15 +62,17 @@ def record_heartbeats(session: Session, job_id: str, attempt: int, beats: Sequen
 # multi-VALUES insert cost a SQL compilation and ~8 bound parameters per beat on every request.
 _UPSERT_POSTGRESQL = text(
     """
-    INSERT INTO rank_liveness (job_id, rank, attempt, node, step, last_seen, throughput, loss, step_time_s)
-    SELECT :job_id, u.rank, :attempt, u.node, u.step, u.last_seen, u.throughput, u.loss, u.step_time_s
+    INSERT INTO rank_liveness (job_id, rank, attempt, node, step, last_seen, throughput, loss, step_time_s,
+                               compute_s, perf_score)
+    SELECT :job_id, u.rank, :attempt, u.node, u.step, u.last_seen, u.throughput, u.loss, u.step_time_s,
+           u.compute_s, u.perf_score
     FROM jsonb_to_recordset(CAST(:beats AS jsonb))
         AS u(rank integer, node varchar, step bigint, last_seen timestamptz, throughput float8, loss float8,
-             step_time_s float8)
+             step_time_s float8, compute_s float8, perf_score float8)
     ON CONFLICT (job_id, rank) DO UPDATE SET
         attempt = excluded.attempt, node = excluded.node, step = excluded.step,
         last_seen = excluded.last_seen, throughput = excluded.throughput, loss = excluded.loss,
-        step_time_s = excluded.step_time_s
+        step_time_s = excluded.step_time_s, compute_s = excluded.compute_s, perf_score = excluded.perf_score
     WHERE rank_liveness.attempt < excluded.attempt
        OR (rank_liveness.attempt = excluded.attempt AND rank_liveness.last_seen <= excluded.last_seen)
     """
@@ -87,6 +92,8 @@ def _upsert_postgresql(
             "throughput": b.throughput,
             "loss": b.loss,
             "step_time_s": b.step_time_s,
+            "compute_s": b.compute_s,
+            "perf_score": b.perf_score,
         }
         for b in beats
     ]

@@ -5,6 +5,10 @@ at scrape time (the same from every process):
     ftplane_jobs{status}                     jobs by status (every status, zeros included)
     ftplane_webhook_outbox{status}           webhook deliveries by status (pending is the backlog)
     ftplane_job_goodput_ratio{job_id, job}   ETTR of running and recently finished jobs
+    ftplane_job_goodput_rolling_ratio{job_id, job, window}
+                                             their ETTR over the last 5m, 15m and 1h of wall time
+    ftplane_job_stragglers{job_id, job}      straggler episodes open now, per active job that is watched
+    ftplane_job_straggler_score{job_id, job} the lowest rank score of its last straggler pass (1: keeps up)
 
 Events are stored both by the API (trainer reports) and by the workers (supervision: job
 restarts, hangs), and webhooks are delivered by the workers. Scrape every process, or run them
@@ -32,9 +36,10 @@ from api import metrics  # noqa: F401  (registers the counters in the default re
 from api.core.config import get_settings
 from api.core.db import get_sessionmaker
 from api.core.errors import ApiError
-from api.database.tables import Job, WebhookDelivery
+from api.database.tables import Job, JobWatch, WebhookDelivery
 from api.schemas.events import utcnow
-from api.services import goodput
+from api.schemas.goodput import GoodputOut
+from api.services import goodput, lifecycle
 from api.services.lifecycle import JobStatus
 
 log = logging.getLogger(__name__)
@@ -48,7 +53,7 @@ class DatabaseCollector(Collector):
     """Gauges computed from the database at scrape time."""
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[GaugeMetricFamily, ...]:
         return (
             GaugeMetricFamily("ftplane_jobs", "Jobs by status.", labels=["status"]),
             GaugeMetricFamily(
@@ -61,6 +66,19 @@ class DatabaseCollector(Collector):
                 "Effective training time ratio (productive / wall) of running and recently finished jobs.",
                 labels=["job_id", "job"],
             ),
+            GaugeMetricFamily(
+                "ftplane_job_goodput_rolling_ratio",
+                "ETTR over the last window of wall time (5m, 15m, 1h) of running and recently finished jobs.",
+                labels=["job_id", "job", "window"],
+            ),
+            GaugeMetricFamily(
+                "ftplane_job_stragglers", "Straggler episodes open now, per active job.", labels=["job_id", "job"]
+            ),
+            GaugeMetricFamily(
+                "ftplane_job_straggler_score",
+                "The lowest rank score of the job's last straggler pass (the job's pace over the rank's; 1 keeps up).",
+                labels=["job_id", "job"],
+            ),
         )
 
     def describe(self) -> Iterator[Metric]:
@@ -68,7 +86,7 @@ class DatabaseCollector(Collector):
         yield from self._families()
 
     def collect(self) -> Iterator[Metric]:
-        jobs, outbox, ettr = self._families()
+        jobs, outbox, ettr, rolling, stragglers, score = self._families()
         try:
             with get_sessionmaker()() as session:
                 by_status = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
@@ -79,18 +97,37 @@ class DatabaseCollector(Collector):
                 )
                 for status in sorted(set(OUTBOX_STATUSES) | set(deliveries)):
                     outbox.add_metric([status], deliveries.get(status, 0))
-                for job, ratio in _ettr(session):
-                    ettr.add_metric([job.id, job.name], ratio)
+                for job, out in _goodput(session):
+                    if out.ettr is not None:
+                        ettr.add_metric([job.id, job.name], out.ettr)
+                    for window in out.rolling:
+                        if window.ettr is not None:
+                            rolling.add_metric([job.id, job.name, f"{window.window_s / 60:g}m"], window.ettr)
+                for job, watch in _watched(session):
+                    stragglers.add_metric([job.id, job.name], watch.open_stragglers)
+                    lowest = (watch.stragglers or {}).get("lowest")
+                    if isinstance(lowest, int | float):
+                        score.add_metric([job.id, job.name], lowest)
         except Exception:  # a scrape must answer even with the database away
             log.warning("metrics: the database could not be read", exc_info=True)
             return
-        yield jobs
-        yield outbox
-        yield ettr
+        yield from (jobs, outbox, ettr, rolling, stragglers, score)
 
 
-def _ettr(session: Session) -> Iterator[tuple[Job, float]]:
-    """The ETTR of each launched job that runs or finished within GOODPUT_RECENT, newest first."""
+def _watched(session: Session) -> Iterator[tuple[Job, JobWatch]]:
+    """Active jobs the straggler duty watches."""
+    rows = session.execute(
+        select(Job, JobWatch)
+        .join(JobWatch, JobWatch.job_id == Job.id)
+        .where(Job.status.in_([s.value for s in lifecycle.ACTIVE]))
+        .order_by(Job.created_at.desc())
+        .limit(GOODPUT_JOBS_MAX)
+    )
+    yield from rows.tuples()
+
+
+def _goodput(session: Session) -> Iterator[tuple[Job, GoodputOut]]:
+    """The goodput of each launched job that runs or finished within GOODPUT_RECENT, newest first."""
     recent = utcnow() - GOODPUT_RECENT
     rows = session.scalars(
         select(Job)
@@ -100,8 +137,8 @@ def _ettr(session: Session) -> Iterator[tuple[Job, float]]:
     )
     for job in rows:
         out = goodput.job_goodput(session, job)
-        if out is not None and out.ettr is not None:
-            yield job, out.ettr
+        if out is not None:
+            yield job, out
 
 
 _DATABASE_COLLECTOR = DatabaseCollector()

@@ -16,6 +16,7 @@ LOST_BUCKETS = (
     "fault_detection",
     "restart",
     "recompute",
+    "straggler",
     "shutdown",
 )
 
@@ -44,7 +45,8 @@ class IntervalPrediction(BaseModel):
     interval_s: float = Field(description="Training seconds between checkpoints.")
     interval_steps: float | None = Field(description="The same in steps (null when the step time is unknown).")
     lost_fraction: dict[str, float] | None = Field(
-        description="checkpoint = C/tau, recompute = tau/(2M), restart = R/M (null without enough failures)."
+        description="checkpoint = C/tau, recompute = tau/(2M), restart = R/M, and straggler = the share of wall "
+        "time stragglers cost so far, where they cost any (null without enough failures)."
     )
     predicted_ettr: float | None = Field(description="1 - the sum of lost_fraction, at least 0.")
 
@@ -59,9 +61,19 @@ class Advice(BaseModel):
     mtbf_s: float | None = Field(description="M: wall_s / failures (null until min_failures are seen).")
     restart_cost_s: float | None = Field(description="R: (fault_detection + restart) seconds per failure.")
     step_time_s: float | None = Field(description="Measured seconds per training step.")
+    straggler_s: float = Field(default=0.0, description="Seconds stragglers cost (the straggler bucket).")
     optimal: IntervalPrediction | None = Field(description="tau = sqrt(2CM) and what it predicts.")
     current: IntervalPrediction | None = Field(description="The job's spec.checkpoint.interval_steps, predicted.")
     note: str = Field(description="What is missing for advice, or how to read it.")
+
+
+class RollingGoodput(BaseModel):
+    """The ETTR of the last `window_s` of the job's wall time (to now, or to its end)."""
+
+    window_s: float
+    wall_s: float = Field(description="The part of the window inside the job's wall time.")
+    productive_s: float
+    ettr: float | None
 
 
 class GoodputOut(Breakdown):
@@ -76,4 +88,7 @@ class GoodputOut(Breakdown):
     step_time_s: float | None = Field(description="Measured seconds per step (stalls excluded), over all runs.")
     recomputed_steps: int = Field(description="Steps trained again after resuming from an older checkpoint.")
     attempts: list[AttemptGoodput]
+    rolling: list[RollingGoodput] = Field(
+        default_factory=list, description="ETTR over the last 5, 15 and 60 minutes of wall time."
+    )
     advice: Advice

@@ -10,6 +10,7 @@ from pydantic.config import JsonDict
 
 from api.schemas.events import EventOut
 from api.schemas.scalars import JsonInt
+from api.schemas.spec import SlowdownFraction, SlowdownSteps, check_slowdown
 
 
 class AttemptOut(BaseModel):
@@ -79,7 +80,7 @@ _WHEN: JsonDict = {
             "title": "at a step",
             "required": ["at_step"],
             "properties": {
-                "kind": {"enum": ["exception", "crash", "hang"]},
+                "kind": {"enum": ["exception", "crash", "hang", "slowdown"]},
                 "at_step": {"type": "integer"},
                 "now": {"const": False},
             },
@@ -95,14 +96,19 @@ _WHEN: JsonDict = {
 
 class FaultIn(BaseModel):
     """A fault to inject into a running job: at `at_step`, or now (`now: true`); never both. A node_loss is
-    injected now only."""
+    injected now only. A slowdown makes the rank sleep `fraction` of its step time in each of `duration_steps`
+    steps (the rank's own code does it, from the step given or the next one)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_WHEN)
 
-    kind: Literal["exception", "crash", "hang", "node_loss"]
+    kind: Literal["exception", "crash", "hang", "node_loss", "slowdown"]
     rank: Annotated[int, JsonInt(ge=0, le=1_000_000)]
     at_step: Annotated[int, JsonInt(ge=0, le=10**12)] | None = None
     now: StrictBool = False
+    fraction: SlowdownFraction | None = Field(
+        default=None, description="slowdown only: 0 < fraction <= 10 of the rank's step time slept each step."
+    )
+    duration_steps: SlowdownSteps | None = Field(default=None, description="slowdown only: how many steps (>= 1).")
 
     @model_validator(mode="after")
     def _when(self) -> FaultIn:
@@ -110,6 +116,7 @@ class FaultIn(BaseModel):
             raise ValueError("give exactly one of at_step or now: true")
         if self.kind == "node_loss" and not self.now:
             raise ValueError("node_loss can only be injected now")
+        check_slowdown(self.kind, self.fraction, self.duration_steps)
         return self
 
 
@@ -120,6 +127,8 @@ class FaultOut(BaseModel):
     kind: str
     rank: int
     at_step: int | None
+    fraction: float | None = None
+    duration_steps: int | None = None
     delivery: Literal["agent", "trainer"] = Field(
         description="agent: the node agent of the rank's node carries it out (a signal, the node's loss); "
         "trainer: the rank's own code injects it (through the SDK)."

@@ -135,6 +135,58 @@ class ProgressSpec(StrictModel):
         return pattern
 
 
+class StragglerSpec(StrictModel):
+    """Straggler detection (workers/supervision/detect_stragglers.py): each rank's pace against the job's."""
+
+    enabled: bool = True
+    threshold: float = Field(
+        default=0.85,
+        gt=0,
+        lt=1,
+        description="A rank straggles when its score (the job's pace over the rank's: 1 keeps up, 0.5 takes twice "
+        "as long per step) stays below this over the window (its median there).",
+    )
+    window_s: float = Field(
+        default=300,
+        ge=1,
+        le=86400,
+        description="Seconds of scores a rank is judged on; at least 3 node report intervals.",
+    )
+    action: Literal["alert", "exclude"] = Field(
+        default="alert",
+        description="alert: straggler_detected (and its webhook) only; exclude: also, once an episode lasts "
+        "exclude_after_s, restart the job without the straggler's node (max_job_restarts and "
+        "exclude_failed_nodes apply as for a failed node).",
+    )
+    exclude_after_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86400,
+        description="With action exclude: how long an episode lasts before the node is excluded (default window_s).",
+    )
+
+
+class AnomalySpec(StrictModel):
+    """Restart anomalies of the job as a whole (workers/supervision/detect_restart_anomalies.py)."""
+
+    enabled: bool = True
+    storm_restarts: int = Field(default=5, ge=2, le=10_000, description="restart_storm: this many restarts ...")
+    storm_window_s: float = Field(default=1800, ge=10, le=7 * 86400, description="... within this many seconds.")
+    stalled_cycles: int = Field(
+        default=3,
+        ge=2,
+        le=1000,
+        description="progress_stalled: this many restarts in a row without the newest checkpoint moving forward.",
+    )
+    cycle_timeout_s: float = Field(
+        default=3600,
+        ge=10,
+        le=7 * 86400,
+        description="recovery_stuck: a restart after which training has not resumed for this long (queue waits "
+        "excluded).",
+    )
+
+
 class ResiliencySpec(StrictModel):
     inprocess: InprocessSpec = Field(default_factory=InprocessSpec)
     max_in_job_restarts: int = Field(default=3, ge=0, le=10_000)
@@ -168,6 +220,8 @@ class ResiliencySpec(StrictModel):
         description="Hot spares (kubernetes): the job runs nodes + spare_nodes pods; ft_launcher keeps `nodes` "
         "active and the rest standing by, so a lost node is replaced in-job. Needs NVRx >= 0.6 in the image.",
     )
+    stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
+    anomalies: AnomalySpec = Field(default_factory=AnomalySpec)
 
     @model_validator(mode="after")
     def _heartbeats_outlast_inprocess_restarts(self) -> ResiliencySpec:
@@ -180,12 +234,36 @@ class ResiliencySpec(StrictModel):
         return self
 
 
-class FaultSpec(StrictModel):
-    """A deterministic fault: `kind` at `rank` when the trainer reaches `at_step` (once per job)."""
+def check_slowdown(kind: str, fraction: float | None, duration_steps: int | None) -> None:
+    """A slowdown needs its fraction and duration; no other kind takes them."""
+    if kind == "slowdown":
+        if fraction is None:
+            raise ValueError("a slowdown needs fraction: 0 < fraction <= 10 (0.5 makes each step 50 % longer)")
+        if duration_steps is None:
+            raise ValueError("a slowdown needs duration_steps: how many steps it lasts (at least 1)")
+    elif fraction is not None or duration_steps is not None:
+        raise ValueError(f"fraction and duration_steps are for kind slowdown only, not {kind}")
 
-    kind: Literal["exception", "crash", "hang"]
+
+# A slowdown's bounds: the fraction of its step time the rank sleeps each step, and for how many steps.
+SlowdownFraction = Annotated[float, Field(gt=0, le=10, strict=True)]
+SlowdownSteps = Annotated[int, Field(ge=1, le=10**9, strict=True)]
+
+
+class FaultSpec(StrictModel):
+    """A deterministic fault: `kind` at `rank` when the trainer reaches `at_step` (once per job). A slowdown makes
+    the rank sleep `fraction` of its step time in each of `duration_steps` steps from there."""
+
+    kind: Literal["exception", "crash", "hang", "slowdown"]
     rank: int = Field(ge=0, le=1_000_000)
     at_step: int = Field(ge=0, le=10**12)
+    fraction: SlowdownFraction | None = None
+    duration_steps: SlowdownSteps | None = None
+
+    @model_validator(mode="after")
+    def _slowdown(self) -> FaultSpec:
+        check_slowdown(self.kind, self.fraction, self.duration_steps)
+        return self
 
 
 class JobSpec(StrictModel):
@@ -249,6 +327,17 @@ class JobSpec(StrictModel):
         if self.backend != "kubernetes" and (only := kubernetes_only_fields(self)):
             raise ValueError(
                 f"{', '.join(only)}: only the kubernetes backend can honour this (backend is {self.backend})"
+            )
+        stragglers = self.resiliency.stragglers
+        if stragglers.window_s < floor:
+            raise ValueError(
+                f"resiliency.stragglers.window_s must be at least {floor:g} s: {TIMEOUT_INTERVALS} node report "
+                f"intervals of {self.report_interval_s:g} s (each rank is judged on several reports)"
+            )
+        if stragglers.action == "exclude" and not self.resiliency.exclude_failed_nodes:
+            raise ValueError(
+                "resiliency.stragglers.action exclude needs resiliency.exclude_failed_nodes: true (a restart on the "
+                "same node would not help)"
             )
         if self.nodes + self.resiliency.spare_nodes > 4096:
             raise ValueError("nodes + resiliency.spare_nodes must be at most 4096")

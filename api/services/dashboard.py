@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.database.tables import Event, Job, NodeLiveness, RankLiveness
+from api.database.tables import Event, Job, JobWatch, NodeLiveness, RankLiveness
 from api.models import jobs as job_store
 from api.models import liveness, nodes
 from api.schemas.events import RESTART_TYPES, EventType, utcnow
@@ -20,6 +20,7 @@ from api.services import lifecycle, liveness_writer
 from api.services.goodput.records import number
 from api.services.goodput_view import GoodputView, goodput_of
 from api.services.progress import progress_of
+from api.services.stragglers import RankRow, score_ranks
 
 RUNGS: tuple[tuple[EventType, str], ...] = (
     (EventType.inprocess_restart, "in-process"),
@@ -48,6 +49,9 @@ LANES: tuple[tuple[str, frozenset[str]], ...] = (
                 "spares_exhausted",
                 "straggler_detected",
                 "straggler_cleared",
+                "restart_storm",
+                "progress_stalled",
+                "recovery_stuck",
             }
         ),
     ),
@@ -68,6 +72,7 @@ class JobRow:
     job: Job
     restarts: dict[str, int]
     goodput: GoodputView | None
+    stragglers: int = 0  # straggler episodes open now (the badge)
 
     @property
     def total_restarts(self) -> int:
@@ -91,7 +96,20 @@ def restart_counts(session: Session, job_ids: Sequence[str]) -> dict[str, dict[s
 def job_rows(session: Session, *, status: str | None = None, limit: int = 100) -> list[JobRow]:
     jobs, _ = job_store.page(session, statuses=[status] if status else [], limit=limit)
     counts = restart_counts(session, [j.id for j in jobs])
-    return [JobRow(j, counts[j.id], goodput_of(session, j)) for j in jobs]
+    open_episodes = open_stragglers(session, [j.id for j in jobs if j.status in lifecycle.ACTIVE])
+    return [JobRow(j, counts[j.id], goodput_of(session, j), open_episodes.get(j.id, 0)) for j in jobs]
+
+
+def open_stragglers(session: Session, job_ids: Sequence[str]) -> dict[str, int]:
+    """Straggler episodes open now, per job (only those with any)."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(JobWatch.job_id, JobWatch.open_stragglers).where(
+            JobWatch.job_id.in_(list(job_ids)), JobWatch.open_stragglers > 0
+        )
+    )
+    return {job_id: int(count) for job_id, count in rows}
 
 
 # ---- one job -----------------------------------------------------------------------------------
@@ -137,6 +155,20 @@ class RankCell:
     node: str | None = None
     age_s: float | None = None
     throughput: float | None = None
+    score: float | None = None  # the job's pace over the rank's (1 keeps up), from its newest heartbeat
+    straggler: bool = False  # in an open straggler episode
+    threshold: float = 0.85  # the spec's resiliency.stragglers.threshold
+
+    @property
+    def band(self) -> str:
+        """The colour of the cell: a straggler; else below the threshold now, a little slow, or keeping up."""
+        if self.straggler:
+            return "straggler"
+        if self.score is None:
+            return ""
+        if self.score < self.threshold:
+            return "pace-low"
+        return "pace-fair" if self.score < (1 + self.threshold) / 2 else "pace-ok"
 
 
 @dataclass
@@ -246,11 +278,25 @@ def checkpoints(events: Sequence[Event]) -> list[CheckpointRow]:
 
 
 def rank_cells(
-    job: Job, rows: Sequence[RankLiveness], world_size: int, timeout_s: float, now: datetime
+    job: Job,
+    rows: Sequence[RankLiveness],
+    world_size: int,
+    timeout_s: float,
+    now: datetime,
+    stragglers: frozenset[int] = frozenset(),
+    threshold: float = 0.85,
 ) -> list[RankCell]:
-    """One cell per rank of the spec (and any extra rank that reported); stale as in GET /ranks."""
+    """One cell per rank of the spec (and any extra rank that reported); stale as in GET /ranks; scored as the
+    straggler duty scores (the current attempt's ranks that are not stale), `stragglers` in an open episode."""
     cutoff = now - timedelta(seconds=timeout_s)
     by_rank = {r.rank: r for r in rows}
+    live = [r for r in rows if r.attempt == job.attempt and r.last_seen >= cutoff]
+    scores = {
+        s.rank: s.score
+        for s in score_ranks(
+            [RankRow(r.rank, r.node, r.step, r.step_time_s, r.compute_s, r.perf_score) for r in live]
+        ).ranks
+    }
     cells = []
     for rank in sorted(set(range(world_size)) | set(by_rank)):
         row = by_rank.get(rank)
@@ -267,6 +313,9 @@ def rank_cells(
                 node=row.node,
                 age_s=max(0.0, (now - row.last_seen).total_seconds()),
                 throughput=row.throughput,
+                score=scores.get(rank),
+                straggler=rank in stragglers and row.attempt == job.attempt,
+                threshold=threshold,
             )
         )
     return cells
@@ -293,7 +342,13 @@ def job_view(session: Session, job: Job) -> JobView:
         progress=progress(events, tl.start),
         checkpoints=checkpoints(events),
         ranks=rank_cells(
-            job, liveness.ranks(session, job.id), spec.world_size, spec.resiliency.heartbeat_timeout_s, now
+            job,
+            liveness.ranks(session, job.id),
+            spec.world_size,
+            spec.resiliency.heartbeat_timeout_s,
+            now,
+            straggling_ranks(session, job),
+            spec.resiliency.stragglers.threshold,
         ),
         heartbeat_timeout_s=spec.resiliency.heartbeat_timeout_s,
         goodput=goodput_of(session, job),
@@ -301,3 +356,11 @@ def job_view(session: Session, job: Job) -> JobView:
         steps=progress_of(session, job),
         nodes=[n for n in nodes.of_job(session, job.id) if n.attempt == job.attempt],
     )
+
+
+def straggling_ranks(session: Session, job: Job) -> frozenset[int]:
+    """The ranks of the job's open straggler episodes."""
+    watch = session.get(JobWatch, job.id)
+    if watch is None or not watch.open_stragglers:
+        return frozenset()
+    return frozenset(int(rank) for rank in (watch.stragglers or {}).get("open", {}))

@@ -18,6 +18,7 @@ class GoodputView:
     productive_s: float | None
     lost: list[tuple[str, float]]
     advice: tuple[str, ...] = field(default=())  # lines of text: the checkpoint interval that fits the job
+    rolling: tuple[tuple[str, float | None], ...] = field(default=())  # ("5 min", ETTR) over the last minutes
 
     @classmethod
     def of(cls, out: GoodputOut) -> GoodputView:
@@ -29,6 +30,7 @@ class GoodputView:
             productive_s=out.productive_s,
             lost=lost,
             advice=advice_lines(out.advice),
+            rolling=tuple((f"{r.window_s / 60:g} min", r.ettr) for r in out.rolling),
         )
 
     def bar(self, width: float = 1000.0) -> list[tuple[str, float, float, float]]:
@@ -67,4 +69,9 @@ def advice_lines(advice: Advice) -> tuple[str, ...]:
         lines.append(f"Now every {_interval(advice.current)}")
     if advice.note and advice.optimal is None:
         lines.append(f"Checkpoint interval advice: {advice.note}")
+    if advice.straggler_s > 0:
+        lines.append(
+            f"Stragglers cost {advice.straggler_s:.1f} s: straggler_detected names their ranks and nodes; "
+            "resiliency.stragglers.action: exclude restarts the job without them"
+        )
     return tuple(lines)

@@ -37,7 +37,15 @@ def request_cancel(session: Session, job: Job) -> bool:
 def request_fault(session: Session, job: Job, fault: FaultIn) -> FaultOut:
     """Stored in the fault outbox either way: a lost inject task is made good by the next supervision pass."""
     row = fault_outbox.request(
-        session, job.id, job.attempt, kind=fault.kind, rank=fault.rank, at_step=fault.at_step, now=fault.now
+        session,
+        job.id,
+        job.attempt,
+        kind=fault.kind,
+        rank=fault.rank,
+        at_step=fault.at_step,
+        now=fault.now,
+        fraction=fault.fraction,
+        duration_steps=fault.duration_steps,
     )
     return FaultOut(
         id=row.id,
@@ -46,5 +54,7 @@ def request_fault(session: Session, job: Job, fault: FaultIn) -> FaultOut:
         kind=fault.kind,
         rank=fault.rank,
         at_step=fault.at_step,
+        fraction=fault.fraction,
+        duration_steps=fault.duration_steps,
         delivery="agent" if row.delivery == fault_outbox.Delivery.agent else "trainer",
     )

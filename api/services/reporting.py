@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from api.database.tables import Event, Job
+from api.database.tables import Event, Job, PendingFault
 from api.models import events as event_store
 from api.models import faults as fault_outbox
 from api.models import liveness, nodes
@@ -55,7 +55,7 @@ def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tupl
     notifications.heartbeats_ingested(accepted)
     ranks = {b.rank for b in batch.heartbeats}
     pending = fault_outbox.undelivered(session, job.id, attempt, fault_outbox.Delivery.trainer, ranks=ranks)
-    faults = [FaultDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step) for f in pending]
+    faults = [FaultDirective.model_validate(directive(f)) for f in pending]
     return accepted, faults
 
 
@@ -84,7 +84,15 @@ def ingest_node_report(session: Session, job: Job, report: NodeReport) -> Report
             if delivery == fault_outbox.Delivery.agent:
                 fault_outbox.mark_delivered(pending)
             by: Literal["agent", "trainer"] = "agent" if delivery == fault_outbox.Delivery.agent else "trainer"
-            faults += [
-                NodeDirective(id=f.id, kind=f.kind, rank=f.rank, at_step=f.at_step, delivery=by) for f in pending
-            ]
+            faults += [NodeDirective(**directive(f), delivery=by) for f in pending]
     return ReportResult(stored=len(stored), duplicates=duplicates, accepted=accepted, faults=faults)
+
+
+def directive(fault: PendingFault) -> dict[str, Any]:
+    """What a fault's injector is told of it (a slowdown's fraction and duration only where it has them)."""
+    out: dict[str, Any] = {"id": fault.id, "kind": fault.kind, "rank": fault.rank, "at_step": fault.at_step}
+    if fault.fraction is not None:
+        out["fraction"] = fault.fraction
+    if fault.duration_steps is not None:
+        out["duration_steps"] = fault.duration_steps
+    return out

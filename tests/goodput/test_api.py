@@ -81,7 +81,7 @@ def test_goodput_of_a_job_from_its_stored_events(admin: TestClient, make_job: An
     assert body["job_id"] == job["id"] and body["finished"] is True
     assert body["wall_s"] == pytest.approx(74)
     assert body["productive_s"] == pytest.approx(40)
-    assert body["lost_s"] == pytest.approx({"queued": 0, **RESTART_SCENARIO_LOST})
+    assert body["lost_s"] == pytest.approx({"queued": 0, "straggler": 0, **RESTART_SCENARIO_LOST})
     assert body["ettr"] == pytest.approx(40 / 74)
     assert body["failures"] == 1 and body["recomputed_steps"] == 50
     assert body["step_time_s"] == pytest.approx(0.2)
@@ -199,5 +199,5 @@ def test_a_job_wide_hang_is_read_per_detection_pass(admin: TestClient, make_job:
     ]
     assert admin.post(f"/v1/jobs/{job['id']}/events", json={"events": history}).status_code == 200
     body = admin.get(f"/v1/jobs/{job['id']}/goodput").json()
-    assert body["lost_s"] == pytest.approx({"queued": 0, **HANG_SCENARIO_LOST})
+    assert body["lost_s"] == pytest.approx({"queued": 0, "straggler": 0, **HANG_SCENARIO_LOST})
     assert body["productive_s"] == pytest.approx(40) and body["failures"] == 1

@@ -29,13 +29,18 @@ def test_create_shows_the_secret_once_and_never_again(admin: TestClient, receive
     assert [w["id"] for w in listed.json()] == [body["id"]]
 
 
-def test_default_event_types_are_the_restart_rungs_hangs_exclusions_and_job_ends() -> None:
+def test_default_event_types_are_the_restart_rungs_hangs_exclusions_stragglers_anomalies_and_job_ends() -> None:
     assert {t.value for t in DEFAULT_EVENT_TYPES} == {
         "inprocess_restart",
         "injob_restart",
         "job_restart",
         "hang_detected",
         "node_excluded",
+        "straggler_detected",
+        "straggler_cleared",
+        "restart_storm",
+        "progress_stalled",
+        "recovery_stuck",
         "succeeded",
         "failed",
         "cancelled",

@@ -10,7 +10,8 @@ Messages, rank → agent (every one a JSON object with a `type`):
     {"type": "hello", "rank": 3, "reply_to": "/run/.../r3.sock"}       the SDK started in this rank
 
     {"type": "heartbeat", "rank": 3, "step": 120, "ts": "2026-...Z", "reply_to": "/run/.../r3.sock",
-     "throughput": 812.5, "loss": 2.31, "step_time_s": 0.42, "total_steps": 1000}
+     "throughput": 812.5, "loss": 2.31, "step_time_s": 0.42, "compute_s": 0.31, "perf_score": 0.97,
+     "total_steps": 1000}
     {"type": "event", "event": {"key": "...", "type": "checkpoint_saved", "ts": "...", "attempt": 0,
      "rank": 3, "step": 100, "details": {...}}}
     {"type": "exclude_node", "rank": 3, "reason": "ECC errors on GPU 2"}
@@ -54,11 +55,13 @@ class Heartbeat:
     throughput: float | None = None
     loss: float | None = None
     step_time_s: float | None = None
+    compute_s: float | None = None  # the rank's own work in its last step (sections it timed)
+    perf_score: float | None = None  # NVRx straggler detection's score, when the rank runs it
     total_steps: int | None = None
 
     def for_control_plane(self, node: str) -> dict[str, Any]:
         beat: dict[str, Any] = {"rank": self.rank, "step": self.step, "node": node}
-        for name in ("ts", "throughput", "loss", "step_time_s", "total_steps"):
+        for name in ("ts", "throughput", "loss", "step_time_s", "compute_s", "perf_score", "total_steps"):
             value = getattr(self, name)
             if value is not None:
                 beat[name] = value
@@ -112,6 +115,8 @@ def parse(data: bytes) -> Message:
             throughput=_optional_number(body, "throughput", 0, 1e15),
             loss=_optional_number(body, "loss", -1e12, 1e12),
             step_time_s=_optional_number(body, "step_time_s", 0, 86400 * 7),
+            compute_s=_optional_number(body, "compute_s", 0, 86400 * 7),
+            perf_score=_optional_number(body, "perf_score", 0, 1),
             total_steps=_optional_int(body, "total_steps", 1, MAX_STEP),
         )
     if kind == "hello":

@@ -30,6 +30,9 @@ The API (every call is safe from the training thread; none waits on the network)
   Without FTPLANE_AGENT_SOCKET or FTPLANE_URL every report is a no-op.
 - `Run.start(step=0, details=None)`, `Run.step(n, *, loss=None, tokens=None)`: the loop (re)starts;
   `n` steps are done. `step` is O(1) with no I/O; the fault hook runs in both.
+- `with Run.compute():` times a section of the rank's own work in the step (no collective inside);
+  the heartbeat carries the step's total as `compute_s`, what straggler detection compares across
+  ranks (in synchronous training every rank's step time is the job's).
 - `Run.checkpoint_saved(step, *, blocking_s, total_s=None, bytes=None, details=None)`,
   `Run.checkpoint_loaded(step, *, load_s=None, path=None, details=None)`.
 - `Run.event(type, details=None, *, step=None, key=None, rank=None)`: any event of the fault history.
@@ -41,6 +44,8 @@ The API (every call is safe from the training thread; none waits on the network)
 - `inprocess(fn, run=None, **options)`: NVRx's in-process restart around `fn` (trainer/sdk/restart.py).
 - `checkpointer(run=None, **options)`: async DCP checkpoints reported through the run
   (trainer/sdk/checkpointing.py).
+- `straggler_detection(run=None, **options)`: NVRx's straggler detection around the run's sections, its
+  score sent with the heartbeats, where CUDA is (trainer/sdk/stragglers.py).
 
 Under ft_launcher the run also sends the launcher's rank monitor the heartbeats its hang detection
 needs (from a thread, once per interval in which `step()` was called: trainer/nvrx.py).
@@ -51,5 +56,15 @@ from trainer.sdk.checkpointing import checkpointer
 from trainer.sdk.restart import inprocess
 from trainer.sdk.run import Environment, Run, current, init
 from trainer.sdk.sink import EventSink
+from trainer.sdk.stragglers import straggler_detection
 
-__all__ = ["Environment", "EventSink", "Run", "checkpointer", "current", "inprocess", "init"]
+__all__ = [
+    "Environment",
+    "EventSink",
+    "Run",
+    "checkpointer",
+    "current",
+    "inprocess",
+    "init",
+    "straggler_detection",
+]

@@ -9,20 +9,32 @@ trainer/nvrx.py) and the faults of `FTPLANE_FAULTS` (deterministic injection, fo
 
 On the training thread nothing waits: `step()` stores the newest heartbeat, counts progress for
 ft_launcher, pings NVRx's in-process Wrapper when inside one, and runs the fault hook, which
-does something only at the step a fault is due. Events are queued and sent by a thread.
+does something only at the step a fault is due (or sleeps, in a slowdown). Events are queued and
+sent by a thread.
+
+Stragglers: each heartbeat carries the step's wall time (`step_time_s`) and, when the loop times
+its own work with `run.compute()`, that work's seconds (`compute_s`). In synchronous training every
+rank's step takes the job's time (the fast ranks wait in the collectives), so a slow rank shows
+only in the work it does alone: that is what `compute()` measures, and what the control plane
+compares across ranks. The time `step()` itself spends in the fault hook counts as the rank's own
+work too (a slowdown's sleep, which is how a straggler is simulated). NVRx's own scores, where it
+runs: trainer/sdk/stragglers.py.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import logging
 import os
+import statistics
 import sys
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -46,6 +58,7 @@ EXCLUDE_FLUSH_S = 2.0
 EXIT_FLUSH_S = 5.0
 MAX_EXCEPTION_CHARS = 4000
 MAX_CAUSE_CHARS = 500
+RECENT_STEPS = 5  # step times a slowdown's sleep is a fraction of (their median, before it began)
 
 
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -135,6 +148,11 @@ class Run:
         self._started = False  # a `running` event was sent for this iteration
         self._last_step_at: float | None = None
         self._step = 0
+        self._recent_steps: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
+        self._compute_s = 0.0  # the rank's own work in the step under way (compute() sections, the fault hook)
+        self._timed = False  # the loop times its own work: heartbeats carry compute_s
+        self.perf_score: float | None = None  # set by the NVRx straggler helper (trainer/sdk/stragglers.py)
+        self._step_hooks: list[Callable[[], None]] = []
         self._reported: BaseException | None = None
         self._finished = False
         self._previous_excepthook: Callable[..., Any] | None = None
@@ -206,9 +224,42 @@ class Run:
         key = self._running(step, details)
         self._last_step_at = time.perf_counter()
         self._step = step
-        if self.faults is not None:
-            self.faults.before_step(step)
+        self._compute_s = 0.0
+        self._fault_hook(step)
         return key
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Time a section of this rank's own work in the current step: no collective, barrier or other wait
+        on the other ranks inside (e.g. the data loading, the optimizer step of a sharded optimizer, a forward
+        pass without collectives). Sections add up per step; each heartbeat then carries their sum as
+        `compute_s`, the figure straggler detection compares across ranks."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._compute_s += time.perf_counter() - started
+            self._timed = True
+
+    def add_step_hook(self, hook: Callable[[], None]) -> None:
+        """Call `hook` in every `step()`, before the heartbeat is stored (the NVRx straggler helper's report)."""
+        self._step_hooks.append(hook)
+
+    def remove_step_hook(self, hook: Callable[[], None]) -> None:
+        if hook in self._step_hooks:
+            self._step_hooks.remove(hook)
+
+    def _fault_hook(self, step: int) -> None:
+        """A fault due before `step` runs fires (may not return); a slowdown sleeps. The time spent here is this
+        rank's own, counted in the next step's compute_s."""
+        if self.faults is None:
+            return
+        started = time.perf_counter()
+        recent = statistics.median(self._recent_steps) if self._recent_steps else None
+        try:
+            self.faults.before_step(step, recent)
+        finally:
+            self._compute_s += time.perf_counter() - started
 
     def step(self, n: int, *, loss: float | None = None, tokens: float | None = None) -> None:
         """`n` steps are done (call it once per step, after any checkpoint of that step). O(1) and no
@@ -224,6 +275,12 @@ class Run:
         step_time = now - self._last_step_at if self._last_step_at is not None else None
         self._last_step_at = now
         self._step = n
+        if step_time is not None:
+            self._recent_steps.append(step_time)
+        compute = self._compute_s if self._timed else None
+        self._compute_s = 0.0
+        for hook in self._step_hooks:
+            hook()
         if self.channel is not None:
             self.channel.heartbeat(
                 {
@@ -231,6 +288,8 @@ class Run:
                     "ts": time.time(),
                     "loss": loss,
                     "step_time_s": step_time,
+                    "compute_s": compute,
+                    "perf_score": self.perf_score,
                     "throughput": tokens / step_time if tokens is not None and step_time else None,
                     "total_steps": self.total_steps,
                 }
@@ -239,8 +298,7 @@ class Run:
             self.heartbeats.progress()
         if self._wrapper is not None:
             self._wrapper.ping()
-        if self.faults is not None:
-            self.faults.before_step(n)
+        self._fault_hook(n)
 
     def _running(self, start_step: int, details: Mapping[str, Any] | None) -> str:
         self._started = True

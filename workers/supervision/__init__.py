@@ -5,6 +5,9 @@
     reconcile_attempts     read each launched attempt's status from its backend, record what the
                            backend saw, and end the attempt when it is over
     detect_silent_ranks    hang_detected for ranks past their heartbeat timeout (database only)
+    detect_stragglers      straggler_detected / straggler_cleared once per episode, and the exclude
+                           action (database only)
+    detect_restart_anomalies  restart storms, stalled progress, stuck recoveries (database only)
     time_out_pending       give up on attempts that never started running within the spec's timeout
     cancel_jobs            tear down jobs whose cancellation was asked for
     release_finished_jobs  free what an ended job leaves behind (processes, pods, Secrets, tokens)

@@ -11,7 +11,9 @@ from api.core.db import session_scope
 from workers.celery_app import celery_app
 from workers.supervision import (
     cancel_jobs,
+    detect_restart_anomalies,
     detect_silent_ranks,
+    detect_stragglers,
     launch_attempts,
     reconcile_attempts,
     release_finished_jobs,
@@ -41,6 +43,16 @@ def reconcile_attempts_task() -> int:
 @celery_app.task(name="ftplane.detect_silent_ranks")
 def detect_silent_ranks_task() -> int:
     return _pass("detect silent ranks", detect_silent_ranks.run_once)
+
+
+@celery_app.task(name="ftplane.detect_stragglers")
+def detect_stragglers_task() -> int:
+    return _pass("detect stragglers", detect_stragglers.run_once)
+
+
+@celery_app.task(name="ftplane.detect_restart_anomalies")
+def detect_restart_anomalies_task() -> int:
+    return _pass("detect restart anomalies", detect_restart_anomalies.run_once)
 
 
 @celery_app.task(name="ftplane.time_out_pending_attempts")

@@ -20,6 +20,8 @@ from api.services.goodput.records import (
     TERMINAL_TYPES,
     Record,
 )
+from api.services.goodput.rolling import rolling
+from api.services.goodput.stragglers import carve_stragglers, episode_spans
 
 
 @dataclass
@@ -84,6 +86,7 @@ def account(
 
     intervals, recomputed_steps = _intervals(windows, sorted(_step_evidence(recs, t, saves)), step_time)
     intervals = _carve(intervals, _queued_spans(recs, t, wall), QUEUED_FROM, "queued")
+    intervals = carve_stragglers(intervals, episode_spans(recs, t, wall))
     failed = [w for w in windows if w.onset is not None]
     overall, attempts = split(recs, t, origin, wall, intervals, [_failure_time(w) for w in failed])
     advice = advise(
@@ -93,6 +96,7 @@ def account(
         recovery_s=overall.lost_s["fault_detection"] + overall.lost_s["restart"],
         step_time=step_time,
         interval_steps=interval_steps,
+        straggler_s=overall.lost_s["straggler"],
     )
     return GoodputOut(
         job_id=job_id,
@@ -104,6 +108,7 @@ def account(
         step_time_s=step_time,
         recomputed_steps=recomputed_steps,
         attempts=attempts,
+        rolling=rolling(intervals, wall),
         advice=advice,
         **overall.model_dump(),
     )
@@ -251,6 +256,8 @@ def _place_signals(recs: Sequence[Record], t: Clock, windows: Sequence[_Window])
 def _signal(r: Record, at: float) -> _Signal | None:
     kind = r.type
     if kind == EventType.fault_injected:
+        if r.details.get("kind") == "slowdown":
+            return None  # nothing stops: a straggler, counted in its own bucket
         return _Signal(at, onset=at, detects=False)
     if kind in FAILURE_TYPES:
         if r.details.get("source") == "launcher":

@@ -3,9 +3,10 @@
 Advice (Young/Daly, first order)
     C = median blocking_s of the saves; M = wall / failures, once MIN_FAILURES are seen;
     R = (fault_detection + restart) / failures. tau* = sqrt(2CM) training seconds between saves
-    (tau*/step_time steps). For an interval tau the lost fraction is C/tau + tau/(2M) + R/M and
-    the predicted ETTR is 1 minus that. The job's current interval is spec.checkpoint.interval_steps
-    x step_time.
+    (tau*/step_time steps). For an interval tau the lost fraction is C/tau + tau/(2M) + R/M, plus the
+    share of wall time stragglers cost so far (S/wall: no interval changes it, but the predicted ETTR
+    is then one the job can reach), and the predicted ETTR is 1 minus that. The job's current interval
+    is spec.checkpoint.interval_steps x step_time.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def advise(
     recovery_s: float,
     step_time: float | None,
     interval_steps: int | None,
+    straggler_s: float = 0.0,
 ) -> Advice:
     c = statistics.median(blocking) if blocking else None
     m = wall / failures if failures >= MIN_FAILURES and wall > 0 else None
@@ -50,6 +52,8 @@ def advise(
                 interval_s=round(tau, 3), interval_steps=_round(steps, 1), lost_fraction=None, predicted_ettr=None
             )
         lost = {"checkpoint": c / tau, "recompute": tau / (2 * m), "restart": r / m}
+        if straggler_s > 0 and wall > 0:
+            lost["straggler"] = straggler_s / wall  # as measured: no interval changes it
         return IntervalPrediction(
             interval_s=round(tau, 3),
             interval_steps=_round(steps, 1),
@@ -80,6 +84,7 @@ def advise(
         mtbf_s=_round(m),
         restart_cost_s=_round(r),
         step_time_s=_round(step_time, 6),
+        straggler_s=round(straggler_s, 3),
         optimal=optimal,
         current=current,
         note="; ".join(notes),

@@ -21,8 +21,10 @@ FAILURE_TYPES = frozenset({EventType.rank_failed, EventType.node_failed, EventTy
 # Events whose step was current at their (onset) time.
 PROGRESS_TYPES = FAILURE_TYPES | SILENCE_TYPES | {EventType.fault_injected}
 # Every type the accounting reads; `running` and the silences are read aggregated (see load_records).
+STRAGGLER_TYPES = frozenset({EventType.straggler_detected, EventType.straggler_cleared})
 READ_TYPES = frozenset(
     {EventType.submitted, EventType.checkpoint_saved, EventType.fault_injected, EventType.queued}
+    | STRAGGLER_TYPES
     | TERMINAL_TYPES
     | SILENCE_TYPES
     | RESTART_TYPES

@@ -1,0 +1,395 @@
+"""The window and the episodes: a pass of straggler detection over one job, its state kept between passes.
+
+A pass scores the current attempt's ranks that reported lately (scoring.py) and remembers two things: when
+it ran (`JobWatch.stragglers["passes"]`, those within the window) and which ranks scored below the
+threshold (a `StragglerSample` row each; a healthy rank writes nothing). Over the window, a rank's median
+score is below the threshold exactly when more than half the passes found it below: that opens an episode
+(`straggler_detected`), once the passes cover at least half the window (a rank slow since the job began is
+found then, not on the first pass). The episode closes (`straggler_cleared`) when at most a quarter of the
+window's passes found the rank below (the gap between the two keeps a rank near the threshold from opening
+and closing episodes pass after pass), when its attempt ends, or when the job restarts without its node.
+
+The events carry what goodput needs (api/services/goodput/stragglers.py): when the episode began (`onset_s`
+before the detection: its first slow pass in the window), when the rank was last slow (`recovered_s` before
+the clearing), and the fraction of the job's time it cost (`lost_fraction`: the seconds per step the rank is
+slower, over the job's seconds per step while it was).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import flag_modified
+
+from api.database.tables import Job, JobWatch, RankLiveness, StragglerSample
+from api.schemas.causes import Cause, CauseClass
+from api.schemas.events import EventIn, EventType, utcnow
+from api.schemas.spec import JobSpec, StragglerSpec
+from api.services.stragglers.scoring import STEP_TIME, RankRow, Scores, score_ranks
+
+MIN_PASSES = 5  # fewer passes in the window than this never open an episode
+FRESH_REPORTS = 3  # a rank is scored while its newest heartbeat is this many report intervals old at most
+
+
+@dataclass
+class Episode:
+    """An open episode, as the watch keeps it (JSON)."""
+
+    rank: int
+    attempt: int
+    key: str  # the straggler_detected event's
+    detected: float  # epoch seconds
+    onset: float
+    node: str | None
+    score: float
+    slowdown_s: float | None
+    lost_fraction: float
+    decision: str | None = None  # what the action did not do, and why (action exclude)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def of(cls, value: dict[str, Any]) -> Episode:
+        return cls(**{k: value[k] for k in cls.__dataclass_fields__ if k in value})
+
+
+@dataclass
+class Pass:
+    """What one pass found: the scores, the episodes it opened and closed, those still open."""
+
+    scores: Scores | None
+    opened: list[Episode] = field(default_factory=list)
+    closed: list[Episode] = field(default_factory=list)
+    open: list[Episode] = field(default_factory=list)
+    events: list[EventIn] = field(default_factory=list)
+
+
+def watch_of(session: Session, job_id: str) -> JobWatch:
+    row = session.get(JobWatch, job_id)
+    if row is None:
+        row = JobWatch(job_id=job_id, stragglers={}, open_stragglers=0, anomalies={}, updated_at=utcnow())
+        session.add(row)
+    return row
+
+
+def rank_rows(session: Session, job: Job, since: datetime) -> list[RankRow]:
+    """The current attempt's ranks heard from since `since` (one narrow query, whatever the job's size)."""
+    query = select(
+        RankLiveness.rank,
+        RankLiveness.node,
+        RankLiveness.step,
+        RankLiveness.step_time_s,
+        RankLiveness.compute_s,
+        RankLiveness.perf_score,
+    ).where(RankLiveness.job_id == job.id, RankLiveness.attempt == job.attempt, RankLiveness.last_seen >= since)
+    return [RankRow(*row) for row in session.execute(query)]
+
+
+def observe(session: Session, job: Job, spec: JobSpec, now: datetime | None = None) -> Pass:
+    """One pass over `job` (whose row the caller holds locked): score, remember, open and close episodes.
+    The events are returned, not stored: the caller records them with what it decides."""
+    now = now or utcnow()
+    cfg = spec.resiliency.stragglers
+    watch = watch_of(session, job.id)
+    state = dict(watch.stragglers or {})
+    result = Pass(scores=None)
+    if state.get("attempt") != job.attempt:
+        result.closed, result.events = _close_all(state, "its attempt ended", now)
+        state = {"attempt": job.attempt, "passes": [], "open": {}}
+        session.execute(delete(StragglerSample).where(StragglerSample.job_id == job.id))
+    episodes = {int(k): Episode.of(v) for k, v in state.get("open", {}).items()}
+    scores = score_ranks(rank_rows(session, job, now - timedelta(seconds=FRESH_REPORTS * spec.report_interval_s)))
+    result.scores = scores
+    if len(scores.ranks) >= 2:
+        _remember(session, job, cfg, state, scores, now)
+        opened, closed = _judge(session, job, cfg, state, scores, episodes, now)
+        for episode in opened:
+            episodes[episode.rank] = episode
+            result.events.append(_detected(job, cfg, scores, episode, now))
+        for episode, last_slow in closed:
+            del episodes[episode.rank]
+            result.events.append(_cleared(episode, "recovered", now, last_slow))
+        result.opened, result.closed = opened, result.closed + [e for e, _ in closed]
+        state["lowest"] = scores.lowest
+        state["signal"] = scores.signal
+    state["open"] = {str(r): e.to_json() for r, e in episodes.items()}
+    result.open = list(episodes.values())
+    _save(watch, state, now)
+    return result
+
+
+def close(session: Session, job: Job, episodes: list[Episode], why: str, now: datetime | None = None) -> list[EventIn]:
+    """End `episodes` of the current attempt for a reason other than recovery (the job restarts without
+    their node); their straggler_cleared events are returned."""
+    now = now or utcnow()
+    watch = watch_of(session, job.id)
+    state = dict(watch.stragglers or {})
+    open_ = dict(state.get("open", {}))
+    events = []
+    for episode in episodes:
+        if open_.pop(str(episode.rank), None) is not None:
+            events.append(_cleared(episode, why, now, None))
+    state["open"] = open_
+    _save(watch, state, now)
+    return events
+
+
+def end_watch(session: Session, job: Job, now: datetime | None = None) -> list[EventIn]:
+    """The job's current attempt no longer runs: close its open episodes (straggler_cleared events returned)."""
+    now = now or utcnow()
+    watch = session.get(JobWatch, job.id)
+    if watch is None or not watch.open_stragglers:
+        return []
+    state = dict(watch.stragglers)
+    reason = "its attempt ended" if state.get("attempt") != job.attempt else f"the job is {job.status.lower()}"
+    _, events = _close_all(state, reason, now)
+    state["open"] = {}
+    _save(watch, state, now)
+    session.execute(delete(StragglerSample).where(StragglerSample.job_id == job.id))
+    return events
+
+
+def _save(watch: JobWatch, state: dict[str, Any], now: datetime) -> None:
+    watch.stragglers = state
+    watch.open_stragglers = len(state.get("open", {}))
+    watch.updated_at = now
+    flag_modified(watch, "stragglers")
+
+
+def _remember(
+    session: Session, job: Job, cfg: StragglerSpec, state: dict[str, Any], scores: Scores, now: datetime
+) -> None:
+    t = now.timestamp()
+    state["passes"] = [p for p in state.get("passes", []) if p > t - cfg.window_s] + [t]
+    below = [r for r in scores.ranks if r.score < cfg.threshold]
+    if below:
+        session.execute(
+            insert(StragglerSample),
+            [
+                {
+                    "job_id": job.id,
+                    "attempt": job.attempt,
+                    "rank": r.rank,
+                    "ts": now,
+                    "score": r.score,
+                    "pace_s": r.pace_s if r.pace_s is not None else 0.0,
+                    "reference_s": r.reference_s if r.reference_s is not None else 0.0,
+                }
+                for r in below
+            ],
+        )
+    session.execute(
+        delete(StragglerSample).where(
+            StragglerSample.job_id == job.id, StragglerSample.ts <= now - timedelta(seconds=cfg.window_s)
+        )
+    )
+
+
+def _judge(
+    session: Session,
+    job: Job,
+    cfg: StragglerSpec,
+    state: dict[str, Any],
+    scores: Scores,
+    episodes: dict[int, Episode],
+    now: datetime,
+) -> tuple[list[Episode], list[tuple[Episode, float | None]]]:
+    """The episodes this pass opens, and those it closes (with when the rank was last found slow)."""
+    passes: list[float] = state["passes"]
+    n = len(passes)
+    counts = dict(
+        session.execute(
+            select(StragglerSample.rank, func.count())
+            .where(StragglerSample.job_id == job.id, StragglerSample.attempt == job.attempt)
+            .group_by(StragglerSample.rank)
+        ).all()
+    )
+    ready = n >= MIN_PASSES and passes[-1] - passes[0] >= cfg.window_s / 2
+    opened = []
+    if ready:
+        by_rank = {r.rank: r for r in scores.ranks}
+        for rank, count in counts.items():
+            if 2 * count > n and rank not in episodes and rank in by_rank:
+                opened.append(_episode(session, job, cfg, scores, by_rank[rank].node, rank, passes, now))
+    scored = {r.rank for r in scores.ranks}
+    closed = []
+    for rank, episode in episodes.items():
+        if rank in scored and 4 * counts.get(rank, 0) <= n:
+            slow = session.scalars(
+                select(StragglerSample.ts).where(StragglerSample.job_id == job.id, StragglerSample.rank == rank)
+            )
+            closed.append((episode, end_of(passes, [_epoch(t) for t in slow])))
+    return opened, closed
+
+
+def _episode(
+    session: Session,
+    job: Job,
+    cfg: StragglerSpec,
+    scores: Scores,
+    node: str | None,
+    rank: int,
+    passes: list[float],
+    now: datetime,
+) -> Episode:
+    n = len(passes)
+    samples = session.execute(
+        select(StragglerSample.ts, StragglerSample.score, StragglerSample.pace_s, StragglerSample.reference_s).where(
+            StragglerSample.job_id == job.id, StragglerSample.attempt == job.attempt, StragglerSample.rank == rank
+        )
+    ).all()
+    # More than half the window's passes are among these samples, all below the others: the window's median
+    # score is one of them.
+    window_median = sorted(s.score for s in samples)[(n - 1) // 2]
+    paced = [s.pace_s - s.reference_s for s in samples if s.pace_s > 0]
+    slowdown = statistics.median(paced) if paced else None
+    pace = statistics.median(s.pace_s for s in samples if s.pace_s > 0) if paced else None
+    onset = onset_of(passes, [_epoch(s.ts) for s in samples])
+    return Episode(
+        rank=rank,
+        attempt=job.attempt,
+        key=f"straggler:a{job.attempt}:r{rank}:t{int(now.timestamp() * 1000)}",
+        detected=now.timestamp(),
+        onset=onset,
+        node=node,
+        score=round(window_median, 4),
+        slowdown_s=round(slowdown, 6) if slowdown is not None else None,
+        lost_fraction=round(lost_fraction(scores, window_median, slowdown, pace), 4),
+    )
+
+
+def onset_of(passes: list[float], slow: list[float]) -> float:
+    """When the rank began to straggle: the earliest pass from which on most passes found it slow (a hiccup
+    before that, followed by healthy passes, is not the start)."""
+    found = {round(t, 3) for t in slow}
+    onset = max(slow)
+    below = 0
+    for total, t in enumerate(reversed(passes), start=1):
+        if round(t, 3) in found:
+            below += 1
+            if 2 * below > total:
+                onset = t
+    return onset
+
+
+def end_of(passes: list[float], slow: list[float]) -> float | None:
+    """When the rank was last straggling: the latest pass up to which most of the window's passes found it slow
+    (a hiccup after it recovered is not the end); None when the window no longer holds a slow pass."""
+    found = {round(t, 3) for t in slow}
+    end = None
+    below = 0
+    for total, t in enumerate(passes, start=1):
+        if round(t, 3) in found:
+            below += 1
+            if 2 * below > total:
+                end = t
+    return end if end is not None else (max(slow) if slow else None)
+
+
+def lost_fraction(scores: Scores, score: float, slowdown_s: float | None, pace_s: float | None) -> float:
+    """The part of the job's time the straggler costs: its extra seconds per step over the job's seconds per step
+    while it straggles. With the own-work signal (synchronous training) the job's measured step time already
+    includes the wait for it; with step times, the straggler's own step time is the slow pace. Without seconds
+    (NVRx's score alone): 1 - score."""
+    if slowdown_s is None or slowdown_s <= 0:
+        return max(0.0, min(1.0, 1.0 - score)) if slowdown_s is None else 0.0
+    slow_step = pace_s if scores.signal == STEP_TIME else scores.step_time_s
+    if not slow_step or slow_step <= 0:
+        return max(0.0, min(1.0, 1.0 - score))
+    return max(0.0, min(1.0, slowdown_s / max(slow_step, slowdown_s)))
+
+
+def _detected(job: Job, cfg: StragglerSpec, scores: Scores, episode: Episode, now: datetime) -> EventIn:
+    where = f" on node {episode.node}" if episode.node else ""
+    slower = f": {episode.slowdown_s:.3g} s per step slower" if episode.slowdown_s is not None else ""
+    cause = Cause(
+        CauseClass.straggler,
+        f"rank {episode.rank}{where} ran at {episode.score:.2f} of the job's pace over the last {cfg.window_s:g} s "
+        f"(threshold {cfg.threshold:g}){slower}",
+        {"rank": episode.rank, **({"node": episode.node} if episode.node else {})},
+    )
+    step = next((r.step for r in scores.ranks if r.rank == episode.rank), None)
+    return EventIn(
+        key=episode.key,
+        type=EventType.straggler_detected,
+        ts=now,
+        attempt=job.attempt,
+        rank=episode.rank,
+        node=episode.node,
+        step=step,
+        details={
+            **cause.details(),
+            "episode": episode.key,
+            "score": episode.score,
+            "node_score": round(scores.nodes[episode.node], 4) if episode.node in scores.nodes else None,
+            "threshold": cfg.threshold,
+            "window_s": cfg.window_s,
+            "slowdown_s": episode.slowdown_s,
+            "job_step_s": round(scores.step_time_s, 6) if scores.step_time_s is not None else None,
+            "signal": scores.signal,
+            "lost_fraction": episode.lost_fraction,
+            "onset_s": round(max(0.0, episode.detected - episode.onset), 3),
+            "action": cfg.action,
+        },
+    )
+
+
+def _cleared(episode: Episode, why: str, now: datetime, last_slow: float | None) -> EventIn:
+    t = now.timestamp()
+    ended = last_slow if last_slow is not None else t
+    where = f" on node {episode.node}" if episode.node else ""
+    details: dict[str, Any] = {
+        "cause": f"rank {episode.rank}{where} straggles no more: {why}",
+        "reason": why,
+        "episode": episode.key,
+        "lasted_s": round(max(0.0, ended - episode.onset), 3),
+        "recovered_s": round(max(0.0, t - ended), 3),
+        "rank": episode.rank,
+    }
+    return EventIn(
+        key=f"straggler_cleared:{episode.key}",
+        type=EventType.straggler_cleared,
+        ts=now,
+        attempt=episode.attempt,
+        rank=episode.rank,
+        node=episode.node,
+        details=details,
+    )
+
+
+def _close_all(state: dict[str, Any], why: str, now: datetime) -> tuple[list[Episode], list[EventIn]]:
+    episodes = [Episode.of(v) for v in state.get("open", {}).values()]
+    return episodes, [_cleared(e, why, now, None) for e in episodes]
+
+
+def _epoch(ts: datetime | str) -> float:
+    if isinstance(ts, str):  # aggregates over SQLite come back as text
+        ts = datetime.fromisoformat(ts)
+    return (ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)).timestamp()
+
+
+def jobs_with_open_episodes(session: Session) -> list[str]:
+    return list(session.scalars(select(JobWatch.job_id).where(JobWatch.open_stragglers > 0)))
+
+
+def not_excluded(episode: Episode) -> bool:
+    """No decision was taken against excluding the episode's node yet."""
+    return episode.decision is None
+
+
+def note_decision(session: Session, job: Job, episodes: list[Episode], decision: str, now: datetime) -> None:
+    """Keep, with each open episode, why its action was not carried out (it is not tried again)."""
+    watch = watch_of(session, job.id)
+    state = dict(watch.stragglers or {})
+    open_ = dict(state.get("open", {}))
+    for episode in episodes:
+        if str(episode.rank) in open_:
+            open_[str(episode.rank)] = {**open_[str(episode.rank)], "decision": decision}
+    state["open"] = open_
+    _save(watch, state, now)
