@@ -19,12 +19,17 @@ def node_of(rank: int) -> str:
     return f"node-{rank // PER_NODE}"
 
 
-def running_job(admin: TestClient, make_job: Callable[..., dict[str, Any]], **spec: Any) -> str:
-    """A job whose attempt 0 runs (the scripted backend says so, and its ranks said `running`)."""
+def running_job(
+    admin: TestClient, make_job: Callable[..., dict[str, Any]], *, started: datetime | None = None, **spec: Any
+) -> str:
+    """A job whose attempt 0 runs (the scripted backend says so, and its ranks said `running`, at `started`)."""
     job = make_job(**spec)
     supervise(job["id"], force_launch=True)
     ranks = spec.get("nodes", 1) * spec.get("procs_per_node", 2)
-    events = [{"key": f"run-{r}", "type": "running", "rank": r, "details": {"start_step": 0}} for r in range(ranks)]
+    when = {"ts": started.isoformat()} if started is not None else {}
+    events = [
+        {"key": f"run-{r}", "type": "running", "rank": r, "details": {"start_step": 0}, **when} for r in range(ranks)
+    ]
     assert admin.post(f"/v1/jobs/{job['id']}/events", json={"events": events}).status_code == 200
     supervise()
     assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RUNNING"

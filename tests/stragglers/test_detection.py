@@ -5,7 +5,7 @@ lifecycle, and episodes closed when their attempt ends."""
 from __future__ import annotations
 
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -21,11 +21,18 @@ SPEC: dict[str, Any] = {
 }
 
 
-def drive(admin: TestClient, job_id: str, seconds: int, slow: dict[int, tuple[int, int, float]], seed: int = 1) -> Any:
-    """One heartbeat round and one pass per second for `seconds`; `slow[rank] = (from, to, factor)`. Noise: each
-    rank's own work per step is 1 s +- 3 %, and one step in fifty takes 1.6 s (a hiccup)."""
+def drive(
+    admin: TestClient,
+    job_id: str,
+    seconds: int,
+    slow: dict[int, tuple[int, int, float]],
+    seed: int = 1,
+    start: datetime | None = None,
+) -> Any:
+    """One heartbeat round and one pass per second for `seconds` from `start` (default: 2 h ago); `slow[rank] =
+    (from, to, factor)`. Noise: each rank's own work per step is 1 s +- 3 %, one step in fifty takes 1.6 s."""
     rng = random.Random(seed)
-    start = past()
+    start = start or past()
     for t in range(seconds):
         now = start + timedelta(seconds=t)
         paces = {}
@@ -43,8 +50,6 @@ def drive(admin: TestClient, job_id: str, seconds: int, slow: dict[int, tuple[in
 
 
 def at(event: dict[str, Any], start: Any) -> float:
-    from datetime import datetime
-
     return (datetime.fromisoformat(event["ts"].replace("Z", "+00:00")) - start).total_seconds()
 
 

@@ -295,6 +295,8 @@ class AgentChannel:
             ("throughput", 0.0, 1e15),
             ("loss", -1e12, 1e12),
             ("step_time_s", 0.0, 86400.0 * 7),
+            ("compute_s", 0.0, 86400.0 * 7),
+            ("perf_score", 0.0, 1.0),
         ):
             value = _finite(beat.get(name), low, high)
             if value is not None:

@@ -265,31 +265,26 @@ def _episode(
 
 
 def onset_of(passes: list[float], slow: list[float]) -> float:
-    """When the rank began to straggle: the earliest pass from which on most passes found it slow (a hiccup
-    before that, followed by healthy passes, is not the start)."""
-    found = {round(t, 3) for t in slow}
-    onset = max(slow)
-    below = 0
-    for total, t in enumerate(reversed(passes), start=1):
-        if round(t, 3) in found:
-            below += 1
-            if 2 * below > total:
-                onset = t
-    return onset
+    """When the rank began to straggle: where the window's passes split best into before and a slow stretch to
+    now (the pass from which on slow passes outnumber healthy ones by the most: a hiccup followed by healthy
+    passes is not the start)."""
+    return _split(list(reversed(passes)), slow, default=max(slow))
 
 
 def end_of(passes: list[float], slow: list[float]) -> float | None:
-    """When the rank was last straggling: the latest pass up to which most of the window's passes found it slow
-    (a hiccup after it recovered is not the end); None when the window no longer holds a slow pass."""
+    """When the rank was last straggling: the pass up to which the window's slow passes outnumber its healthy
+    ones by the most (a hiccup after it recovered is not the end); None when the window holds no slow pass."""
+    return _split(passes, slow, default=None) if slow else None
+
+
+def _split(passes: list[float], slow: list[float], default: Any) -> Any:
     found = {round(t, 3) for t in slow}
-    end = None
-    below = 0
-    for total, t in enumerate(passes, start=1):
-        if round(t, 3) in found:
-            below += 1
-            if 2 * below > total:
-                end = t
-    return end if end is not None else (max(slow) if slow else None)
+    best, at, lead = 0, default, 0
+    for t in passes:
+        lead += 1 if round(t, 3) in found else -1
+        if lead > best:
+            best, at = lead, t
+    return at
 
 
 def lost_fraction(scores: Scores, score: float, slowdown_s: float | None, pace_s: float | None) -> float:
