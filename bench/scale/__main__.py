@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from bench.scale.jobs import run_jobs
 from bench.scale.one_job import baseline_figures, run_one_job
 from bench.scale.params import Params
 from bench.scale.report import jobs_report, one_job_report
+from bench.scale.wire import TRANSPORTS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--mix", default=",".join(f"{k}={w:g}" for k, w in d.mix), help="fault kinds and weights")
     parser.add_argument("--duration", type=float, default=d.duration_s, help="--jobs: seconds measured")
+    parser.add_argument("--transport", choices=TRANSPORTS, default=d.transport, help="the nodes' transport (wire.py)")
     parser.add_argument("--baseline", type=float, default=5.0, help="seconds of GET /healthz before the run")
     parser.add_argument("--database-url")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
@@ -71,6 +74,7 @@ def params(args: argparse.Namespace) -> Params:
         seed=args.seed,
         mix=tuple((k, float(w)) for k, w in (item.split("=") for item in args.mix.split(","))),
         duration_s=args.duration,
+        transport=args.transport,
     )
 
 
@@ -86,6 +90,9 @@ def commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Thousands of uplinks in one process: their retry and close warnings would drown the output; the figures count
+    # every failed and refused report by cause instead.
+    logging.getLogger("trainer.agent.uplink").setLevel(logging.ERROR)
     p = params(args)
     steady = args.steady or p.jobs > 1
     print(f"machine: {machine()}; commit {commit()}")

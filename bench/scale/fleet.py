@@ -13,53 +13,27 @@ decisions, not this module's. This module only counts:
 - each POST's outcome and duration (`on_settled`), split by whether it carried events;
 - every event key handed to an agent, and which of them an accepted (or refused) report carried.
 
-A node's network (`Network`) is the real httpx transport, with a switch that makes every request fail to connect
-(a partition) until it is healed; a frozen node's agent is stopped where it stands.
+A node's network (`wire.Network`) is its own connection, with a switch that makes every request fail to connect (a
+partition) until it is healed; a frozen node's agent is stopped where it stands.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import ssl
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
 from bench.scale.params import Params
+from bench.scale.wire import Network
 from trainer.agent.uplink import AsyncUplink, Outcome, Report
-
-# One TLS context for every agent's transport: httpx builds one per client otherwise (~35 ms of CPU each).
-TLS = ssl.create_default_context()
-# httpcore asks `import sniffio` which async library runs, at every lock it sets up (several per request). Where
-# sniffio is not installed each ask is a failed import that searches sys.path again (~0.25 ms): a third of the
-# simulator's CPU. A None entry makes the import fail at once, with the answer httpcore then takes ("asyncio").
-sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
 
 
 def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat()
-
-
-class Network(httpx.AsyncBaseTransport):
-    """A node's own connection to the control plane; `cut` makes every request fail to connect."""
-
-    def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport(verify=TLS)
-        self.cut = False
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self.cut:
-            raise httpx.ConnectError("network partitioned by the simulator", request=request)
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 @dataclass
@@ -100,7 +74,7 @@ class SimNode:
         self.fleet = fleet
         self.name = p.node_name(index)
         self.ranks = range(index * p.gpus_per_node, (index + 1) * p.gpus_per_node)
-        self.network = Network()
+        self.network = Network(p.transport)
         self.uplink = AsyncUplink(
             fleet.url,
             fleet.job_id,

@@ -37,6 +37,7 @@ class Params:
     job_restart_startup_sim_s: float = 300.0  # after ftplane's job_restart: new pods scheduled, started
     mix: tuple[tuple[str, float], ...] = (("crash", 0.60), ("silent_node", 0.25), ("transient", 0.15))
     seed: int = 2026
+    transport: str = "http11"  # the nodes' HTTP transport under httpx (wire.py): http11 or httpx
     poll_s: float = 0.25  # how often the simulator looks at the API while it waits for something
     duration_s: float = 90.0  # the several-jobs scenario: measured seconds after its warm-up
 
