@@ -1,5 +1,6 @@
 """Each benchmark script in bench/ end to end with tiny parameters, so the scripts cannot rot (not a measurement):
-recovery, ingest, detect, scale, k8s_status, agent, and gpu's efficiency section (the one that runs without CUDA)."""
+recovery, ingest, detect, scale, k8s_status, agent, stragglers, and gpu's efficiency section (the one that runs
+without CUDA)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,16 @@ def test_k8s_status_smoke() -> None:
 
     result = k8s_status.main(["--pods", "16", "--passes", "2", "--node-images", "2", "--pod-padding", "10"])
     assert set(result["results"]) == {"steady", "a page of nodes", "a node lost"}
+
+
+def test_stragglers_smoke(tmp_path: Path) -> None:
+    """64 ranks, a 20 s window, 40 simulated seconds per run (~10 s): the slowed rank is found, the clean run is."""
+    from bench import stragglers
+
+    out = tmp_path / "stragglers.json"
+    argv = ["--nodes", "8", "--procs", "8", "--window", "20", "--duration", "40", "--slow-at", "10"]
+    argv += ["--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL"), "--json", str(out)]
+    assert stragglers.main(argv) == 0
+    clean, slowed = json.loads(out.read_text())
+    assert clean["false_episodes"] == 0 and clean["episodes"] == [] and clean["passes"] == 21
+    assert slowed["detected_rank"] == slowed["slowed_rank"] and 0 < slowed["detection_s"] <= 20
