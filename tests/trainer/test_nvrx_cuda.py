@@ -303,7 +303,9 @@ def test_a_save_torn_by_a_crash_is_skipped_on_resume(tmp_path: Path) -> None:
 
 
 def test_nvrx_heartbeats_reach_the_rank_monitor(receiver: Receiver, launch: Callable[..., Job], tmp_path: Path) -> None:
-    heartbeat_timeout, initial_timeout = 5.0, 240.0
+    # 15 s: above the stall of the first save when it comes seconds after the writer's warm-up (it waits
+    # for the warm-up: ~5 s on one H200, enough for a 5 s timeout to kill a healthy rank).
+    heartbeat_timeout, initial_timeout = 15.0, 600.0
     env = trainer_env(
         receiver,
         tmp_path / "ckpt",
@@ -322,10 +324,10 @@ def test_nvrx_heartbeats_reach_the_rank_monitor(receiver: Receiver, launch: Call
         heartbeat_timeout=heartbeat_timeout,
     )
     job = launch([*LAUNCHER, *command[1:]], env)
-    assert job.wait(300) == 0, job.tail()
+    assert job.wait(420) == 0, job.tail()
 
     # The rank monitor (in ft_launcher) tells the two cases apart: with no heartbeat ever it waits for
-    # the initial timeout (240 s) and says "initial"; "subsequent" means the rank's heartbeats reached it.
+    # the initial timeout (600 s) and says "initial"; "subsequent" means the rank's heartbeats reached it.
     said = re.findall(
         r"\[RankMonServer\d+@[^\]:]*:(\d+)\] Did not get (initial|subsequent) heartbeat\. Waited ([\d.]+) seconds",
         job.log(),
@@ -340,6 +342,7 @@ def test_nvrx_heartbeats_reach_the_rank_monitor(receiver: Receiver, launch: Call
     assert restarted, receiver.types()
     detected_after = restarted[0]["received"] - fault["received"]
     print(f"hang at step 8 -> restarted rank running after {detected_after:.1f} s")
-    assert heartbeat_timeout - 0.5 <= detected_after < initial_timeout / 2, detected_after
+    # detection, then NVRx 0.7's launcher waits up to 50 s for the GPU's memory to be freed, then a new rank
+    assert heartbeat_timeout - 0.5 <= detected_after < initial_timeout / 3, detected_after
     final = latest_complete(tmp_path / "ckpt")
     assert final is not None and final.step == 15
