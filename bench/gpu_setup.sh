@@ -80,7 +80,9 @@ fi
 
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_setup.log") 2>&1
-echo "== $(date -u +%FT%TZ) ftplane $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(hostname)"
+commit='?'
+[ -e .git ] && commit=$(git rev-parse --short HEAD 2>/dev/null)
+echo "== $(date -u +%FT%TZ) ftplane $commit on $(hostname)"
 have_wheels || download || { echo "no wheels in $WHEELS_DIR/ and no index to download them from" >&2; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     --find-links "$WHEELS_DIR" "${WHEELS[@]}" || exit 3
@@ -98,7 +100,8 @@ if [ "$tests" = 1 ]; then
     # --confcutdir: only tests/trainer's conftest (the suite's top one needs the control plane's packages)
     python3 -m pytest -p no:cacheprovider --confcutdir=tests/trainer \
         tests/trainer/test_nvrx_cuda.py tests/trainer/test_nvrx_versions.py \
-        -v -rA --log-level=WARNING --junitxml="$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log"
+        -v -rA --log-level=WARNING -o junit_family=xunit1 --junitxml="$OUT/cuda-tests.xml" 2>&1 |
+        tee "$OUT/cuda-tests.log"
     status=${PIPESTATUS[0]}
 fi
 if [ "$bench" = 1 ]; then

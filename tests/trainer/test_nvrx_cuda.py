@@ -179,7 +179,9 @@ def test_warm_up_then_the_first_save(
     assert list_checkpoints(tmp_path) == []  # the warm-up plans into a scratch directory, writes nothing
     # Whether NVRx's planning side still remembers the warm-up's plan when the first save comes: if it
     # does, the first save sends no tensors to the writer (recorded, not asserted: NVRx's internals).
-    record_property("plans_cached_after_warm_up", len(getattr(FileSystemWriterAsync, "_cached_identifiers", ())))
+    cached = len(getattr(FileSystemWriterAsync, "_cached_identifiers", ()))
+    record_property("plans_cached_after_warm_up", cached)
+    print("plans NVRx's planning side remembers after the warm-up:", cached)
 
     train(model, optimizer, "small", range(1, 3))  # the values change after the warm-up staged them
     ckpt.save(3, model, optimizer)
@@ -223,7 +225,9 @@ def test_abandoned_save_is_never_completed_and_the_next_saver_resumes(
     from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
 
     make_queue = getattr(filesystem_async, "get_write_results_queue", None)
-    record_property("write_results_queued_after_abandon", make_queue().qsize() if make_queue else "n/a")
+    queued = make_queue().qsize() if make_queue else "n/a"
+    record_property("write_results_queued_after_abandon", queued)
+    print("write results left in NVRx's results queue after the abandon:", queued)
     del model, optimizer
     torch.cuda.empty_cache()
 
