@@ -13,7 +13,8 @@ straggler (cause_class straggler, its rank, node and score). Where that restart 
 budget is spent, or every node of the job straggles, so no one node is to blame) a slow job is better
 than a failed one: the job runs on, and the episode says why it was not excluded (its watch, and the log).
 
-Episodes of attempts that no longer run are closed (straggler_cleared) by the same duty.
+Episodes of attempts that no longer run are closed (straggler_cleared), and their window forgotten, by the same
+duty.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from api.schemas.events import utcnow
 from api.schemas.spec import JobSpec
 from api.services import lifecycle, notifications, reporting, stragglers
 from api.services.lifecycle import AttemptStatus, JobStatus
-from api.services.stragglers.window import jobs_with_open_episodes, not_excluded, note_decision
+from api.services.stragglers.window import jobs_watched, not_excluded, note_decision
 from workers.supervision.batch import for_each_job
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 def run_once(session: Session, now: datetime | None = None) -> int:
     running = job_store.with_current_attempt_in(session, [AttemptStatus.RUNNING])
     done = for_each_job(session, running, lambda s, job: check(s, job, now), "detect stragglers")
-    ended = [job_id for job_id in jobs_with_open_episodes(session) if job_id not in set(running)]
+    ended = [job_id for job_id in jobs_watched(session) if job_id not in set(running)]
     for_each_job(session, ended, lambda s, job: close_ended(s, job, now), "detect stragglers")
     return done
 

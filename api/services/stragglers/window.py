@@ -141,8 +141,10 @@ def close(session: Session, job: Job, episodes: list[Episode], why: str, now: da
 
 
 def end_watch(session: Session, job: Job, now: datetime | None = None) -> list[EventIn]:
-    """The job's current attempt no longer runs: close its open episodes (straggler_cleared events returned)."""
+    """The job's current attempt no longer runs: forget its window, close its open episodes (their
+    straggler_cleared events returned)."""
     now = now or utcnow()
+    session.execute(delete(StragglerSample).where(StragglerSample.job_id == job.id))
     watch = session.get(JobWatch, job.id)
     if watch is None or not watch.open_stragglers:
         return []
@@ -151,7 +153,6 @@ def end_watch(session: Session, job: Job, now: datetime | None = None) -> list[E
     _, events = _close_all(state, reason, now)
     state["open"] = {}
     _save(watch, state, now)
-    session.execute(delete(StragglerSample).where(StragglerSample.job_id == job.id))
     return events
 
 
@@ -369,8 +370,11 @@ def _epoch(ts: datetime | str) -> float:
     return (ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)).timestamp()
 
 
-def jobs_with_open_episodes(session: Session) -> list[str]:
-    return list(session.scalars(select(JobWatch.job_id).where(JobWatch.open_stragglers > 0)))
+def jobs_watched(session: Session) -> list[str]:
+    """Jobs with open episodes or samples in their window (those whose attempt no longer runs are closed)."""
+    open_ = select(JobWatch.job_id).where(JobWatch.open_stragglers > 0)
+    sampled = select(StragglerSample.job_id).distinct()
+    return sorted(set(session.scalars(open_)) | set(session.scalars(sampled)))
 
 
 def not_excluded(episode: Episode) -> bool:
