@@ -91,15 +91,17 @@ def _aware(value: datetime) -> datetime:
         raise ValueError("this timestamp is out of range") from exc
 
 
-_latest = [0.0, EARLIEST_REPORT]  # [monotonic time it was computed, the latest time a report may have]
+_latest_read_at = 0.0  # monotonic time the bound below was computed
+_latest = EARLIEST_REPORT  # the latest time a report may have
 
 
 def _plausible(value: datetime) -> datetime:
     # The upper bound is a day ahead: read the clock once a second, not once per heartbeat of a large batch.
+    global _latest, _latest_read_at
     now = time.monotonic()
-    if now - _latest[0] > 1.0:
-        _latest[:] = [now, utcnow() + MAX_CLOCK_AHEAD]
-    if not EARLIEST_REPORT <= value <= _latest[1]:
+    if now - _latest_read_at > 1.0:
+        _latest, _latest_read_at = utcnow() + MAX_CLOCK_AHEAD, now
+    if not EARLIEST_REPORT <= value <= _latest:
         raise ValueError("must be after 2000-01-01 and at most a day ahead of the control plane: check the clock")
     return value
 

@@ -14,6 +14,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+
+def keys_match_pattern(schema: dict[str, Any]) -> None:
+    """Document a dict whose keys have a pattern as validated: every key must match it.
+
+    pydantic writes the key pattern as `patternProperties`, which in JSON Schema lets keys that
+    do not match through with any value; `propertyNames` says what the API actually accepts.
+    """
+    if len(schema.get("patternProperties", {})) != 1:
+        return
+    ((pattern, value),) = schema.pop("patternProperties").items()
+    schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern}
+    schema["additionalProperties"] = value
+
+
 # Kubernetes' own syntax for names and labels.
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 QUALIFIED_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -128,7 +142,10 @@ class SchedulingSpec(_Strict):
         "not-ready/unreachable tolerations ftplane adds.",
     )
     node_selector: dict[QualifiedName, LabelValue] = Field(
-        default_factory=dict, max_length=32, description="Node labels the pods require."
+        default_factory=dict,
+        max_length=32,
+        description="Node labels the pods require.",
+        json_schema_extra=keys_match_pattern,
     )
     zone: LabelValue | None = Field(
         default=None,
@@ -145,7 +162,10 @@ class SchedulingSpec(_Strict):
         default=None, description="The pods' ServiceAccount (EKS Pod Identity or IRSA give it AWS credentials)."
     )
     annotations: dict[QualifiedName, Annotated[str, StringConstraints(max_length=16384)]] = Field(
-        default_factory=dict, max_length=64, description="Annotations on the pods."
+        default_factory=dict,
+        max_length=64,
+        description="Annotations on the pods.",
+        json_schema_extra=keys_match_pattern,
     )
     image_pull_secrets: list[DnsSubdomain] = Field(
         default_factory=list, max_length=16, description="Secrets (in the job's namespace) to pull the image with."

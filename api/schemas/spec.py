@@ -7,7 +7,7 @@ naming the key, never a silently ignored setting.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -18,6 +18,7 @@ from api.schemas.kubernetes_spec import (
     SchedulingSpec,
     SecretKeyRef,
     check_hugepages,
+    keys_match_pattern,
     kubernetes_only_fields,
 )
 
@@ -30,19 +31,6 @@ DnsLabel = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=LABEL_KEY)]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME)]
 Quantity = Annotated[str, StringConstraints(max_length=32, pattern=QUANTITY)]
-
-
-def keys_match_pattern(schema: dict[str, Any]) -> None:
-    """Document a dict whose keys have a pattern as validated: every key must match it.
-
-    pydantic writes the key pattern as `patternProperties`, which in JSON Schema lets keys that
-    do not match through with any value; `propertyNames` says what the API actually accepts.
-    """
-    if len(schema.get("patternProperties", {})) != 1:
-        return
-    ((pattern, value),) = schema.pop("patternProperties").items()
-    schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern}
-    schema["additionalProperties"] = value
 
 
 # Variables the backends set for the trainer; a spec may not override them.

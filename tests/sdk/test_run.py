@@ -93,7 +93,7 @@ def test_step_never_waits_and_memory_stays_bounded_while_the_agent_is_away(
     assert run.channel is not None
     queued, beat_waiting = run.channel.pending()
     assert queued == 500 and beat_waiting  # 1000 events made: the first 500 kept, in order; one heartbeat
-    assert run.channel.dropped == 501  # the running event went first; 501 later ones had no room
+    assert run.channel.dropped == 502  # the hello and the running event went first; 502 later ones had no room
     assert run.flush(0.3) is False  # bounded, and says so
 
     agent.start()  # back at the same path: what was kept goes, in order

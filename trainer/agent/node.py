@@ -277,7 +277,7 @@ class NodeAgent:
                 for count, (seen_at, first) in self.state.rounds_seen.items()
                 if count not in self.state.rounds_announced
                 and now - seen_at >= RUNNING_AFTER_S
-                and self.state.sdk_heard_at < seen_at
+                and not self.state.sdk_heard_at  # ranks that use the SDK say `running` themselves, every round
             ]
             self.state.rounds_announced.update(count for count, _ in due)
             start = min((p.step for p in self.state.log_progress.values()), default=1) - 1
@@ -420,7 +420,8 @@ class NodeAgent:
             if not isinstance(rank, int):
                 continue
             if directive.get("delivery") == "agent":
-                self._carry_out(directive, rank)
+                # Off the uplink's thread: carrying a fault out may wait on the uplink (a node loss flushes first).
+                threading.Thread(target=self._carry_out, args=(directive, rank), daemon=True).start()
             else:
                 self.channel.send_faults(rank, [directive])
 
