@@ -85,7 +85,7 @@ def run_traffic(api: ApiProcess, workdir: Path, receiver: Receiver) -> dict[str,
         "/v1/webhooks", json={"url": receiver.url + "/hook", "event_types": ["checkpoint_saved", "succeeded"]}
     ).json()
     command = (
-        'printf %s "$FTPLANE_TOKEN" > "$0"; exec python -m trainer --model tiny --steps 6 '
+        'printf %s "${FTPLANE_TOKEN:-}" > "$0"; exec python -m trainer --model tiny --steps 6 '
         "--step-delay-s 0.05 --log-every 1"
     )
     spec = {
@@ -112,10 +112,11 @@ def run_traffic(api: ApiProcess, workdir: Path, receiver: Receiver) -> dict[str,
         "bootstrap admin token": bootstrap,
         "admin token made over the API": made_token,
         "job token": job["token"],
-        "attempt token": (workdir / "attempt-token").read_text().strip(),
         "webhook secret": hook["secret"],
     }
-    assert all(secrets.values()) and secrets["attempt token"] != secrets["job token"]
+    assert all(secrets.values())
+    # The rank wrote what it saw of FTPLANE_TOKEN: nothing. Its node agent holds the attempt's token alone.
+    assert (workdir / "attempt-token").read_text() == ""
 
     # Every GET the API serves, on the resources just made: listings, details, dashboard, metrics.
     openapi = admin.get("/openapi.json").json()
