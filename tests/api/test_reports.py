@@ -141,7 +141,16 @@ def test_fault_directive_rides_on_heartbeat_reply_until_fired(admin: TestClient,
     rank0 = admin.post(url, json={"heartbeats": [{"rank": 0, "step": 3}]}, headers=trainer(admin, job)).json()
     assert rank0["faults"] == []
     rank1 = admin.post(url, json={"heartbeats": [{"rank": 1, "step": 3}]}, headers=trainer(admin, job)).json()
-    assert rank1["faults"] == [{"id": fault.json()["id"], "kind": "exception", "rank": 1, "at_step": 12}]
+    assert rank1["faults"] == [
+        {
+            "id": fault.json()["id"],
+            "kind": "exception",
+            "rank": 1,
+            "at_step": 12,
+            "fraction": None,
+            "duration_steps": None,
+        }
+    ]
     fired = {
         "key": f"fault:{fault.json()['id']}",
         "type": "fault_injected",
