@@ -84,9 +84,10 @@ class Observer:
         self.marks = marks
         self.cursors: dict[str, int] = {}
 
-    async def skip(self, type_: str) -> None:
+    async def skip(self, type_: str, timeout: float = 60.0) -> None:
         """Look past every `type_` event stored so far (before a fault: an earlier event is not its detection)."""
-        while True:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             params = {"type": type_, "cursor": self.cursors.get(type_, 0), "limit": 1000}
             page = await self._get(f"/v1/jobs/{self.job_id}/events", params, soft=True)
             if page is None:  # the API did not answer: what it stored meanwhile is looked past next time
@@ -96,6 +97,7 @@ class Observer:
                 self.cursors[type_] = int(page["items"][-1]["id"])
             if not page["next_cursor"]:
                 return
+        raise TimeoutError(f"the {type_} events could not be paged within {timeout:.0f} s")
 
     async def first_event(self, type_: str, attempt: int, timeout: float) -> Seen:
         """When a `type_` event of `attempt` was first seen. The events of each type are paged forward from where
