@@ -398,23 +398,22 @@ def section_recovery(out: Path, model: str, fault_step: int) -> None:
         rc, text = run_logged(out, cmd, env, timeout=130)
         rows = _metrics(metrics)
         r: dict[str, Any] = {"rc": rc, "rows": len(rows)}
-        # The fault fires before step index fault_step, i.e. after `fault_step` steps were done.
-        before = [x for x in rows if x["step"] == fault_step]
-        restarted = [x for x in rows if before and x["t"] > before[0]["t"] and x["step"] <= fault_step + 1]
-        if before:
-            # the first time step `fault_step` was done (a resumed run may do it again)
-            later = [x for x in rows if x["t"] > before[0]["t"]]
-            if later:
-                first = later[0]
-                r.update(
-                    {
-                        "last_good_step": fault_step,
-                        "resumed_at_step": first["step"],
-                        "fault_to_first_good_step_s": round(first["t"] - before[0]["t"], 3),
-                        "first_step_s_after": first["step_s"],
-                        "steps_redone": max(0, fault_step - (first["step"] - 1)),
-                    }
-                )
+        # The restart is where the step count goes back (the resumed run redoes steps from its checkpoint);
+        # the row before it is the last good step before the fault, wherever the trainer fires the fault
+        # relative to writing a step's row.
+        resume = next((i for i in range(1, len(rows)) if rows[i]["step"] <= rows[i - 1]["step"]), None)
+        restarted = rows[resume:] if resume is not None else []
+        if resume is not None:
+            last, first = rows[resume - 1], rows[resume]
+            r.update(
+                {
+                    "last_good_step": last["step"],
+                    "resumed_at_step": first["step"],
+                    "fault_to_first_good_step_s": round(first["t"] - last["t"], 3),
+                    "first_step_s_after": first["step_s"],
+                    "steps_redone": last["step"] - (first["step"] - 1),
+                }
+            )
         r["restarted_rows"] = len(restarted)
         r["restart_lines"] = [
             line for line in text.splitlines() if "resumed from" in line or "restart" in line.lower()
