@@ -199,7 +199,7 @@ def test_warm_up_then_the_first_save(
 def test_abandoned_save_is_never_completed_and_the_next_saver_resumes(
     device: torch.device, tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
-    preset = "medium"  # ~160M parameters: ~2 GB of state, a write that is still going when abandoned
+    preset = "medium"  # 134.9M parameters: 1.6 GB of state, a write that is still going when abandoned
     events = Events()
     model, optimizer = build(device, preset)
     ckpt = nvrx_checkpointer(tmp_path, events, device)
