@@ -80,6 +80,11 @@ class Outcome:
     def beats_per_s(self) -> float:
         return self.requests_per_s * self.mode.beats_per_request
 
+    @property
+    def api_ms_per_request(self) -> float:
+        """The API's own CPU per request: what a request costs, whatever else the machine ran meanwhile."""
+        return 1000 * self.cpu.get("api", 0.0) / self.requests_per_s if self.requests_per_s else 0.0
+
 
 def beats(node: int) -> str:
     return ",".join(
@@ -225,10 +230,12 @@ def verdict(outcomes: list[Outcome]) -> list[str]:
             continue
         base = next(b for b in outcomes if b.database == o.database and b.mode.name == "healthz")
         share = o.requests_per_s / base.requests_per_s
+        cost = o.api_ms_per_request / base.api_ms_per_request
         met = share >= GOAL_RATIO and o.load.p(99) < GOAL_P99_MS and o.load.errors == 0
         lines.append(
-            f"{o.database}: report/healthz throughput {share:.2f} (goal >= {GOAL_RATIO}), p99 {o.load.p(99):.1f} ms "
-            f"(goal < {GOAL_P99_MS:g}): {'met' if met else 'NOT met'}"
+            f"{o.database}: report/healthz throughput {share:.2f} (goal >= {GOAL_RATIO}), API CPU per request "
+            f"{cost:.2f}x healthz (goal <= {1 / GOAL_RATIO:g}x), p99 {o.load.p(99):.1f} ms (goal < {GOAL_P99_MS:g}): "
+            f"{'met' if met else 'NOT met'}"
         )
     return lines
 
