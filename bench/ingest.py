@@ -131,7 +131,7 @@ def create_job(url: str, admin: str) -> tuple[str, str]:
 def run_database(kind: str, args: argparse.Namespace) -> list[Outcome]:
     """A fresh database and API; each mode in turn against the same job."""
     outcomes = []
-    with tempfile.TemporaryDirectory(prefix="ftplane-ingest-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ftplane-ingest-") as tmp:  # noqa: SIM117 - the next needs tmp
         with fresh_database(args.database_url) if kind == "postgresql" else _sqlite(Path(tmp)) as db:
             admin = create_admin_token(db)
             database = make_url(db).database if kind == "postgresql" else None
