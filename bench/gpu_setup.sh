@@ -16,7 +16,8 @@
 #    after `--`): DIR/bench/ (results.json, gpu.log, sections.log, metrics).
 #
 # The exit status is the tests' (then the benchmark's) first failure. Everything printed also goes to
-# DIR/gpu_setup.log. One H200 runs it all in about 15 minutes (tests ~3, the benchmark ~12).
+# DIR/gpu_setup.log. On one H200 it takes about 15 minutes (tests ~4, the benchmark ~11; the parts'
+# times added up).
 set -uo pipefail
 
 PY_VERSION=${PY_VERSION:-3.12}
