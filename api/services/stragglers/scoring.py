@@ -15,14 +15,14 @@ import bisect
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 COMPUTE = "compute_s"
 STEP_TIME = "step_time_s"
 
 
-@dataclass(frozen=True)
-class RankRow:
-    """What scoring reads of a rank's newest heartbeat."""
+class RankRow(NamedTuple):
+    """What scoring reads of a rank's newest heartbeat (a tuple: a 16k-rank job makes 16k of them a pass)."""
 
     rank: int
     node: str | None
@@ -32,8 +32,7 @@ class RankRow:
     perf_score: float | None = None
 
 
-@dataclass(frozen=True)
-class RankScore:
+class RankScore(NamedTuple):
     rank: int
     node: str | None
     step: int
@@ -62,18 +61,18 @@ def signal_of(rows: Sequence[RankRow]) -> str:
 def score_ranks(rows: Sequence[RankRow]) -> Scores:
     """Every rank with a pace (or an NVRx score) scored against the others; fewer than two ranks: none scored."""
     signal = signal_of(rows)
-    paced = [(row, pace) for row in rows if (pace := getattr(row, signal)) is not None and pace > 0]
+    paces = [row.compute_s for row in rows] if signal == COMPUTE else [row.step_time_s for row in rows]
+    paced = [(row, pace) for row, pace in zip(rows, paces, strict=True) if pace is not None and pace > 0]
     values = sorted(pace for _, pace in paced)
     scored: list[RankScore] = []
-    seen: set[int] = set()
     if len(values) >= 2:
         for row, pace in paced:
             reference = median_without(values, pace)
             score = reference / pace
-            if row.perf_score is not None:
-                score = min(score, row.perf_score)
+            if row.perf_score is not None and row.perf_score < score:
+                score = row.perf_score
             scored.append(RankScore(row.rank, row.node, row.step, score, pace, reference))
-            seen.add(row.rank)
+    seen = {r.rank for r in scored}
     scored += [
         RankScore(row.rank, row.node, row.step, row.perf_score, None, None)
         for row in rows
@@ -81,8 +80,8 @@ def score_ranks(rows: Sequence[RankRow]) -> Scores:
     ]
     nodes: dict[str, float] = {}
     for r in scored:
-        if r.node is not None:
-            nodes[r.node] = min(r.score, nodes.get(r.node, r.score))
+        if r.node is not None and r.score < nodes.get(r.node, 2.0**30):
+            nodes[r.node] = r.score
     times = [r.step_time_s for r in rows if r.step_time_s is not None and r.step_time_s > 0]
     return Scores(signal, scored, nodes, statistics.median(times) if times else None)
 
@@ -90,11 +89,10 @@ def score_ranks(rows: Sequence[RankRow]) -> Scores:
 def median_without(values: Sequence[float], value: float) -> float:
     """The median of sorted `values` with one occurrence of `value` left out (len(values) >= 2)."""
     i = bisect.bisect_left(values, value)
-    m = len(values) - 1
-
-    def at(j: int) -> float:  # the j-th of the values without index i
-        return values[j] if j < i else values[j + 1]
-
+    m = len(values) - 1  # the j-th of the values without index i is values[j] below i, values[j + 1] from it
+    j = m // 2
+    upper = values[j] if j < i else values[j + 1]
     if m % 2:
-        return at(m // 2)
-    return (at(m // 2 - 1) + at(m // 2)) / 2
+        return upper
+    lower = values[j - 1] if j - 1 < i else values[j]
+    return (lower + upper) / 2

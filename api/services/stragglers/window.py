@@ -88,7 +88,7 @@ def rank_rows(session: Session, job: Job, since: datetime) -> list[RankRow]:
         RankLiveness.compute_s,
         RankLiveness.perf_score,
     ).where(RankLiveness.job_id == job.id, RankLiveness.attempt == job.attempt, RankLiveness.last_seen >= since)
-    return [RankRow(*row) for row in session.execute(query)]
+    return [RankRow._make(row) for row in session.connection().execute(query)]  # Core: no ORM loading
 
 
 def observe(session: Session, job: Job, spec: JobSpec, now: datetime | None = None) -> Pass:
