@@ -73,7 +73,8 @@ class JobPage(BaseModel):
 
 
 # When a fault fires, as the schema states it: exactly one of `at_step` (a step number) or `now: true`;
-# a node_loss only now. The validator below enforces the same rules, with messages that say what to send.
+# a node_loss only now; a slowdown with its fraction and duration, no other kind with them. The validator
+# below enforces the same rules, with messages that say what to send.
 _WHEN: JsonDict = {
     "oneOf": [
         {
@@ -90,7 +91,27 @@ _WHEN: JsonDict = {
             "required": ["now"],
             "properties": {"now": {"const": True}, "at_step": {"type": "null"}},
         },
-    ]
+    ],
+    # What goes with the kind: a slowdown's fraction and duration, for a slowdown only.
+    "anyOf": [
+        {
+            "title": "a slowdown",
+            "required": ["fraction", "duration_steps"],
+            "properties": {
+                "kind": {"const": "slowdown"},
+                "fraction": {"type": "number"},
+                "duration_steps": {"type": "integer"},
+            },
+        },
+        {
+            "title": "any other kind",
+            "properties": {
+                "kind": {"enum": ["exception", "crash", "hang", "node_loss"]},
+                "fraction": {"type": "null"},
+                "duration_steps": {"type": "null"},
+            },
+        },
+    ],
 }
 
 

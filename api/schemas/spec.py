@@ -21,6 +21,7 @@ from api.schemas.kubernetes_spec import (
     keys_match_pattern,
     kubernetes_only_fields,
 )
+from api.schemas.scalars import JsonInt
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -235,7 +236,7 @@ def check_slowdown(kind: str, fraction: float | None, duration_steps: int | None
 
 # A slowdown's bounds: the fraction of its step time the rank sleeps each step, and for how many steps.
 SlowdownFraction = Annotated[float, Field(gt=0, le=10, strict=True)]
-SlowdownSteps = Annotated[int, Field(ge=1, le=10**9, strict=True)]
+SlowdownSteps = Annotated[int, JsonInt(ge=1, le=10**9)]
 
 
 class FaultSpec(StrictModel):
