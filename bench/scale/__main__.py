@@ -52,6 +52,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mix", default=",".join(f"{k}={w:g}" for k, w in d.mix), help="fault kinds and weights")
     parser.add_argument("--duration", type=float, default=d.duration_s, help="--jobs: seconds measured")
     parser.add_argument("--transport", choices=TRANSPORTS, default=d.transport, help="the nodes' transport (wire.py)")
+    parser.add_argument(
+        "--no-start-events",
+        action="store_true",
+        help="--jobs/--steady: no `running` event burst at the jobs' start (liveness and heartbeats only)",
+    )
     parser.add_argument("--baseline", type=float, default=5.0, help="seconds of GET /healthz before the run")
     parser.add_argument("--database-url")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
@@ -75,6 +80,7 @@ def params(args: argparse.Namespace) -> Params:
         mix=tuple((k, float(w)) for k, w in (item.split("=") for item in args.mix.split(","))),
         duration_s=args.duration,
         transport=args.transport,
+        start_events=not args.no_start_events,
     )
 
 

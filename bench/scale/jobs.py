@@ -1,7 +1,7 @@
 """Several jobs at once: `Params.jobs` simulated jobs of `nodes` nodes, every node reporting at the same per-node
-interval, training steadily (no fault story). Their agents start a fraction of an interval apart (each job's start
-is a burst: every rank's `running` event at once); once their start-up events are stored (or after STARTUP_S) and
-two more intervals, `duration_s` seconds are measured.
+interval, training steadily (no fault story). Their agents start a fraction of an interval apart, each job's start a
+burst of every rank's `running` event at once (unless `start_events` is off: liveness and heartbeats only); once
+those are stored (or after STARTUP_S) and two more intervals, `duration_s` seconds are measured.
 
 Inside that window one node of each job is cut off the network (its agent's reports fail to connect and are retried
 with the product's backoff) for a while past the heartbeat timeout (`cut_length`), staggered across the jobs, and
@@ -57,7 +57,8 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         started_wall = time.time()
         for run in runs:  # each job's start, a fraction of an interval after the previous one's
             await run.fleet.start(0)
-            send_running(p, run.fleet)
+            if p.start_events:
+                send_running(p, run.fleet)
             await asyncio.sleep(p.report_interval_s / p.jobs)
         quiet = await asyncio.gather(*(wait_quiet(run.fleet, STARTUP_S) for run in runs))
         startup: dict[str, Any] = {"seconds": time.monotonic() - started, "all_stored": all(quiet)}

@@ -165,8 +165,9 @@ def jobs_report(f: dict[str, Any]) -> str:
     p = f["params"]
     up = f["startup"]
     lines = [f"{len(f['jobs'])} jobs at once, {f['ingest']['window_s']:.0f} s measured", ""]
+    sent = "and their `running` events sent" if p["start_events"] else "(no `running` events: --no-start-events)"
     lines += [
-        "start-up: every job's agents started and their `running` events sent; "
+        f"start-up: every job's agents started {sent}; "
         + (
             f"all stored {up['seconds']:.0f} s after the first start"
             if up["all_stored"]
