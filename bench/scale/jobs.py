@@ -86,7 +86,7 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         await asyncio.gather(*(ended(run) for run in runs))
         for run in runs:
             events = await all_events(client, run.job_id)
-            hangs = [(run.cut or 0.0, (run.healed or time.time()) + p.heartbeat_timeout_s)]
+            hangs = [(run.cut, (run.healed or time.time()) + p.heartbeat_timeout_s)] if run.cut else []
             job = (await client.get(f"/v1/jobs/{run.job_id}")).json()
             run.figures = {
                 "status": job["status"],

@@ -86,8 +86,9 @@ def ingest_figures(fleet: Fleet, window: Window, baseline: dict[str, Any], nodes
         "node_beats_offered": tally.ticks,
         "node_beats_delivered": tally.delivered,
         "node_beats_superseded": tally.superseded,
-        "node_beats_unsettled": tally.ticks - tally.delivered - tally.superseded,  # in flight when agents stopped
-        "delivered_fraction": tally.delivered / (tally.delivered + tally.superseded) if tally.ticks else float("nan"),
+        # never carried by an accepted report, even by the agents' last flush: not delivered either
+        "node_beats_unsettled": tally.ticks - tally.delivered - tally.superseded,
+        "delivered_fraction": tally.delivered / tally.ticks if tally.ticks else float("nan"),
         "posts": tally.posts,
         "accepted": tally.accepted,
         "retried": tally.retried,
@@ -174,7 +175,10 @@ def detection_figures(sim: Simulation) -> dict[str, Any]:
 
 
 def hang_windows(sim: Simulation, p: Params) -> list[tuple[float, float]]:
-    return [(f.injected, (f.resumed or f.injected) + 2 * p.heartbeat_timeout_s) for f in sim.faults]
+    """Where a hang_detected is called for: a silent node's silence, until its next run plus a timeout (the passes
+    that were under way). A crash or transient fault reports itself; a hang around one is false."""
+    end = sim.end or time.time()
+    return [(f.injected, (f.resumed or end) + p.heartbeat_timeout_s) for f in sim.faults if f.kind == "silent_node"]
 
 
 def event_figures(
