@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from functools import cache
+from typing import Any
 
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from api.database.tables import RankLiveness
-from api.models.upsert import insert_for, max_rows_per_statement
+from api.models.upsert import upsert
 from api.schemas.events import HeartbeatIn, utcnow
 
 
@@ -22,53 +24,53 @@ def record_heartbeats(session: Session, job_id: str, attempt: int, beats: Sequen
         held = newest.get(beat.rank)
         if held is None or (beat.ts or now) >= (held.ts or now):
             newest[beat.rank] = beat
-    if session.get_bind().dialect.name == "postgresql":
-        _upsert_postgresql(session, job_id, attempt, [newest[r] for r in sorted(newest)], now)
-        return len(beats)
-    rows = [
-        {
-            "job_id": job_id,
-            "rank": b.rank,
-            "attempt": attempt,
-            "node": b.node,
-            "step": b.step,
-            "last_seen": min(b.ts or now, now),  # a skewed clock can't make a rank look alive in the future
-            "throughput": b.throughput,
-            "loss": b.loss,
-            "step_time_s": b.step_time_s,
-            "compute_s": b.compute_s,
-            "perf_score": b.perf_score,
-        }
-        for b in newest.values()
-    ]
-    chunk = max_rows_per_statement(session, 11)
-    for start in range(0, len(rows), chunk):
-        stmt = insert_for(session, RankLiveness).values(rows[start : start + chunk])
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["job_id", "rank"],
-            set_={
-                c: stmt.excluded[c]
-                for c in ("attempt", "node", "step", "last_seen", "throughput", "loss", "step_time_s")
-                + ("compute_s", "perf_score")
-            },
-            where=(RankLiveness.attempt < stmt.excluded.attempt)
-            | ((RankLiveness.attempt == stmt.excluded.attempt) & (RankLiveness.last_seen <= stmt.excluded.last_seen)),
-        )
-        session.execute(stmt)
+    write_ranks(session, [rank_row(job_id, attempt, newest[r], now) for r in sorted(newest)])
     return len(beats)
 
 
-# One statement whatever the batch size: the beats travel as one JSON array that PostgreSQL unpacks, where a
-# multi-VALUES insert cost a SQL compilation and ~8 bound parameters per beat on every request.
-_UPSERT_POSTGRESQL = text(
+_RANK_COLUMNS = ("attempt", "node", "step", "last_seen", "throughput", "loss", "step_time_s", "compute_s", "perf_score")
+
+
+def rank_row(job_id: str, attempt: int, beat: Any, now: datetime) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "rank": beat.rank,
+        "attempt": attempt,
+        "node": beat.node,
+        "step": beat.step,
+        "last_seen": min(beat.ts or now, now),  # a skewed clock can't make a rank look alive in the future
+        "throughput": beat.throughput,
+        "loss": beat.loss,
+        "step_time_s": beat.step_time_s,
+        "compute_s": beat.compute_s,
+        "perf_score": beat.perf_score,
+    }
+
+
+@cache
+def _rank_upsert(dialect: str) -> Any:
+    return upsert(
+        dialect,
+        RankLiveness.__table__,
+        ["job_id", "rank"],
+        _RANK_COLUMNS,
+        lambda old, new: (
+            (old.attempt < new.attempt) | ((old.attempt == new.attempt) & (old.last_seen <= new.last_seen))
+        ),
+    )
+
+
+# PostgreSQL: the rows travel as one JSON array, whatever their number (one parse, no bound parameter per value).
+_UPSERT_RANKS_POSTGRESQL = text(
     """
     INSERT INTO rank_liveness (job_id, rank, attempt, node, step, last_seen, throughput, loss, step_time_s,
                                compute_s, perf_score)
-    SELECT :job_id, u.rank, :attempt, u.node, u.step, u.last_seen, u.throughput, u.loss, u.step_time_s,
+    SELECT u.job_id, u.rank, u.attempt, u.node, u.step, u.last_seen, u.throughput, u.loss, u.step_time_s,
            u.compute_s, u.perf_score
-    FROM jsonb_to_recordset(CAST(:beats AS jsonb))
-        AS u(rank integer, node varchar, step bigint, last_seen timestamptz, throughput float8, loss float8,
-             step_time_s float8, compute_s float8, perf_score float8)
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+        AS u(job_id varchar, rank integer, attempt integer, node varchar, step bigint, last_seen timestamptz,
+             throughput float8, loss float8, step_time_s float8, compute_s float8, perf_score float8)
+    ORDER BY u.job_id, u.rank
     ON CONFLICT (job_id, rank) DO UPDATE SET
         attempt = excluded.attempt, node = excluded.node, step = excluded.step,
         last_seen = excluded.last_seen, throughput = excluded.throughput, loss = excluded.loss,
@@ -79,25 +81,15 @@ _UPSERT_POSTGRESQL = text(
 )
 
 
-def _upsert_postgresql(
-    session: Session, job_id: str, attempt: int, beats: Sequence[HeartbeatIn], now: datetime
-) -> None:
-    """Beats in rank order, so concurrent batches lock rows in the same order (no deadlock)."""
-    rows = [
-        {
-            "rank": b.rank,
-            "node": b.node,
-            "step": b.step,
-            "last_seen": min(b.ts or now, now).isoformat(),
-            "throughput": b.throughput,
-            "loss": b.loss,
-            "step_time_s": b.step_time_s,
-            "compute_s": b.compute_s,
-            "perf_score": b.perf_score,
-        }
-        for b in beats
-    ]
-    session.execute(_UPSERT_POSTGRESQL, {"job_id": job_id, "attempt": attempt, "beats": json.dumps(rows)})
+def write_ranks(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Upsert rank rows (newest heartbeat wins, also against rows other processes wrote)."""
+    if not rows:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        payload = [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
+        session.execute(_UPSERT_RANKS_POSTGRESQL, {"rows": json.dumps(payload)})
+        return
+    session.connection().execute(_rank_upsert("sqlite"), rows)
 
 
 def ranks(session: Session, job_id: str) -> list[RankLiveness]:

@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
-from api.models.upsert import insert_for
+from api.models.upsert import upsert
 from api.schemas.events import utcnow
-from api.schemas.reports import NodeStatus
+from api.schemas.reports import NodeReport
 
-_COLUMNS = ("attempt", "last_seen", "launcher_alive", "progress", "healthy", "unhealthy_reason", "ranks", "gpus")
+_NODE_COLUMNS = ("attempt", "last_seen", "launcher_alive", "progress", "healthy", "unhealthy_reason", "ranks", "gpus")
 
 
-def record(session: Session, job_id: str, node: str, attempt: int, status: NodeStatus) -> None:
+def record(session: Session, job_id: str, report: NodeReport) -> None:
     """Upsert a node's liveness; a report of an older attempt never overwrites a newer one."""
-    row = {
+    write_nodes(session, [node_row(job_id, report, utcnow())])
+
+
+def node_row(job_id: str, report: NodeReport, now: datetime) -> dict[str, Any]:
+    status = report.agent
+    return {
         "job_id": job_id,
-        "node": node,
-        "attempt": attempt,
-        "last_seen": utcnow(),
+        "node": report.node,
+        "attempt": report.attempt,
+        "last_seen": now,
         "launcher_alive": status.launcher.alive if status.launcher else True,
         "progress": status.progress,
         "healthy": status.healthy,
@@ -29,13 +36,20 @@ def record(session: Session, job_id: str, node: str, attempt: int, status: NodeS
         "ranks": [r.model_dump(exclude_none=True) for r in status.ranks],
         "gpus": [g.model_dump(exclude_none=True) for g in status.gpus],
     }
-    stmt = insert_for(session, NodeLiveness).values(row)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["job_id", "node"],
-        set_={c: stmt.excluded[c] for c in _COLUMNS},
-        where=NodeLiveness.attempt <= stmt.excluded.attempt,
+
+
+@cache
+def _node_upsert(dialect: str) -> Any:
+    return upsert(
+        dialect, NodeLiveness.__table__, ["job_id", "node"], _NODE_COLUMNS, lambda old, new: old.attempt <= new.attempt
     )
-    session.execute(stmt)
+
+
+def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Upsert node rows; a report of an older attempt never overwrites a newer one."""
+    if rows:
+        connection = session.connection()
+        connection.execute(_node_upsert(connection.dialect.name), rows)
 
 
 def of_attempt(session: Session, job_id: str, attempt: int) -> list[NodeLiveness]:

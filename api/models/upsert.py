@@ -21,3 +21,11 @@ def max_rows_per_statement(session: Session, columns: int) -> int:
     """Rows per multi-VALUES statement that stay under the driver's bound-parameter limit."""
     limit = 65_000 if session.get_bind().dialect.name == "postgresql" else 32_000
     return max(1, limit // max(1, columns))
+
+
+def upsert(dialect: str, table: Any, keys: list[str], columns: tuple[str, ...], newer: Any) -> Any:
+    """One INSERT ... ON CONFLICT DO UPDATE for a whole list of rows (executemany: compiled once, then cached)."""
+    stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+    return stmt.on_conflict_do_update(
+        index_elements=keys, set_={c: stmt.excluded[c] for c in columns}, where=newer(table.c, stmt.excluded)
+    )

@@ -3,6 +3,7 @@ operators read back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from api.core.config import get_settings
 from api.core.db import session_scope
 from api.core.errors import ApiError, responses
+from api.database.tables import Job, NodeLiveness, RankLiveness
 from api.deps import (
     ANONYMOUS_ADMIN,
     AdminDep,
@@ -137,14 +139,10 @@ def list_nodes(job_id: str, session: SessionDep, _: AdminDep) -> list[NodeOut]:
     """Each node agent's newest report: launcher and rank processes, progress source, health."""
     liveness_writer.flush()
     job = load_job(session, job_id)
-    timeout = lifecycle.spec_of(job).resiliency.heartbeat_timeout_s
-    cutoff = utcnow() - timedelta(seconds=timeout)
-    out = []
-    for row in nodes.of_job(session, job_id):
-        item = NodeOut.model_validate(row)
-        item.stale = row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
-        out.append(item)
-    return out
+    stale = _staleness(job)
+    return [
+        NodeOut.model_validate(row).model_copy(update={"stale": stale(row)}) for row in nodes.of_job(session, job_id)
+    ]
 
 
 @router.post("/events", response_model=EventBatchResult, responses=responses(404, 429))
@@ -198,16 +196,19 @@ def post_heartbeats(
 
 @router.get("/ranks", response_model=list[RankOut], responses=responses(404))
 def list_ranks(job_id: str, session: SessionDep, _: AdminDep) -> list[RankOut]:
-    job = load_job(session, job_id)
     liveness_writer.flush()
-    timeout = lifecycle.spec_of(job).resiliency.heartbeat_timeout_s
-    cutoff = utcnow() - timedelta(seconds=timeout)
-    out = []
-    for row in liveness.ranks(session, job_id):
-        item = RankOut.model_validate(row)
-        item.stale = row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
-        out.append(item)
-    return out
+    job = load_job(session, job_id)
+    stale = _staleness(job)
+    return [
+        RankOut.model_validate(row).model_copy(update={"stale": stale(row)}) for row in liveness.ranks(session, job_id)
+    ]
+
+
+def _staleness(job: Job) -> Callable[[RankLiveness | NodeLiveness], bool]:
+    """Whether a liveness row of the job is stale: its current attempt's, silent past the heartbeat timeout."""
+    cutoff = utcnow() - timedelta(seconds=lifecycle.spec_of(job).resiliency.heartbeat_timeout_s)
+    running = job.status not in lifecycle.TERMINAL
+    return lambda row: running and row.attempt == job.attempt and row.last_seen < cutoff
 
 
 def document(app: FastAPI) -> None:

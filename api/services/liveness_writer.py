@@ -15,29 +15,22 @@ Reads that must see this process's own reports call `flush()` first.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
-from functools import cache
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core.config import get_settings
 from api.core.db import get_sessionmaker
-from api.database.tables import NodeLiveness, RankLiveness
+from api.models.liveness import rank_row, write_ranks
+from api.models.nodes import node_row, write_nodes
 from api.schemas.events import utcnow
 from api.schemas.reports import NodeReport
 
 log = logging.getLogger(__name__)
-
-_RANK_COLUMNS = ("attempt", "node", "step", "last_seen", "throughput", "loss", "step_time_s", "compute_s", "perf_score")
-_NODE_COLUMNS = ("attempt", "last_seen", "launcher_alive", "progress", "healthy", "unhealthy_reason", "ranks", "gpus")
 
 
 @dataclass
@@ -119,105 +112,6 @@ class LivenessWriter:
             except Exception:
                 log.warning("writing node liveness failed; kept for the next try", exc_info=True)
                 time.sleep(min(5.0, self.period_s * 10))
-
-
-def node_row(job_id: str, report: NodeReport, now: datetime) -> dict[str, Any]:
-    status = report.agent
-    return {
-        "job_id": job_id,
-        "node": report.node,
-        "attempt": report.attempt,
-        "last_seen": now,
-        "launcher_alive": status.launcher.alive if status.launcher else True,
-        "progress": status.progress,
-        "healthy": status.healthy,
-        "unhealthy_reason": status.unhealthy_reason,
-        "ranks": [r.model_dump(exclude_none=True) for r in status.ranks],
-        "gpus": [g.model_dump(exclude_none=True) for g in status.gpus],
-    }
-
-
-def rank_row(job_id: str, attempt: int, beat: Any, now: datetime) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "rank": beat.rank,
-        "attempt": attempt,
-        "node": beat.node,
-        "step": beat.step,
-        "last_seen": min(beat.ts or now, now),  # a skewed clock can't make a rank look alive in the future
-        "throughput": beat.throughput,
-        "loss": beat.loss,
-        "step_time_s": beat.step_time_s,
-        "compute_s": beat.compute_s,
-        "perf_score": beat.perf_score,
-    }
-
-
-def _upsert(dialect: str, table: Any, keys: list[str], columns: tuple[str, ...], newer: Any) -> Any:
-    """One INSERT ... ON CONFLICT DO UPDATE for a whole list of rows (executemany: compiled once, then cached)."""
-    stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
-    return stmt.on_conflict_do_update(
-        index_elements=keys, set_={c: stmt.excluded[c] for c in columns}, where=newer(table.c, stmt.excluded)
-    )
-
-
-@cache
-def _node_upsert(dialect: str) -> Any:
-    return _upsert(
-        dialect, NodeLiveness.__table__, ["job_id", "node"], _NODE_COLUMNS, lambda old, new: old.attempt <= new.attempt
-    )
-
-
-@cache
-def _rank_upsert(dialect: str) -> Any:
-    return _upsert(
-        dialect,
-        RankLiveness.__table__,
-        ["job_id", "rank"],
-        _RANK_COLUMNS,
-        lambda old, new: (
-            (old.attempt < new.attempt) | ((old.attempt == new.attempt) & (old.last_seen <= new.last_seen))
-        ),
-    )
-
-
-def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Upsert node rows; a report of an older attempt never overwrites a newer one."""
-    if rows:
-        connection = session.connection()
-        connection.execute(_node_upsert(connection.dialect.name), rows)
-
-
-# PostgreSQL: the rows travel as one JSON array, whatever their number (one parse, no bound parameter per value).
-_UPSERT_RANKS_POSTGRESQL = text(
-    """
-    INSERT INTO rank_liveness (job_id, rank, attempt, node, step, last_seen, throughput, loss, step_time_s,
-                               compute_s, perf_score)
-    SELECT u.job_id, u.rank, u.attempt, u.node, u.step, u.last_seen, u.throughput, u.loss, u.step_time_s,
-           u.compute_s, u.perf_score
-    FROM jsonb_to_recordset(CAST(:rows AS jsonb))
-        AS u(job_id varchar, rank integer, attempt integer, node varchar, step bigint, last_seen timestamptz,
-             throughput float8, loss float8, step_time_s float8, compute_s float8, perf_score float8)
-    ORDER BY u.job_id, u.rank
-    ON CONFLICT (job_id, rank) DO UPDATE SET
-        attempt = excluded.attempt, node = excluded.node, step = excluded.step,
-        last_seen = excluded.last_seen, throughput = excluded.throughput, loss = excluded.loss,
-        step_time_s = excluded.step_time_s, compute_s = excluded.compute_s, perf_score = excluded.perf_score
-    WHERE rank_liveness.attempt < excluded.attempt
-       OR (rank_liveness.attempt = excluded.attempt AND rank_liveness.last_seen <= excluded.last_seen)
-    """
-)
-
-
-def write_ranks(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Upsert rank rows (newest heartbeat wins, also against rows other processes wrote)."""
-    if not rows:
-        return
-    if session.get_bind().dialect.name == "postgresql":
-        payload = [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
-        session.execute(_UPSERT_RANKS_POSTGRESQL, {"rows": json.dumps(payload)})
-        return
-    session.connection().execute(_rank_upsert("sqlite"), rows)
 
 
 _writer: LivenessWriter | None = None

@@ -75,7 +75,7 @@ def ingest_node_report(session: Session, job: Job, report: NodeReport) -> Report
         total = max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
         if total is not None and total != job.total_steps:
             job.total_steps = total
-    nodes.record(session, job.id, report.node, report.attempt, report.agent)
+    nodes.record(session, job.id, report)
     ranks = {r.rank for r in report.agent.ranks} | {b.rank for b in report.heartbeats}
     faults: list[NodeDirective] = []
     if ranks:
