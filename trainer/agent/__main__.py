@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 
-from trainer.agent.node import AgentConfig, NodeAgent
+from trainer.agent.config import AgentConfig
+from trainer.agent.node import NodeAgent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,22 +15,19 @@ means (exit_codes.py).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 import signal
-import socket
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from trainer.agent import exit_codes, faults, protocol
 from trainer.agent.channel import RankChannel
+from trainer.agent.config import AgentConfig, socket_path
 from trainer.agent.gpu import GpuMonitor
 from trainer.agent.launcher_output import (
     PREFIX_TEMPLATE,
@@ -48,70 +45,8 @@ log = logging.getLogger(__name__)
 
 TERMINATE_GRACE_S = 10.0
 EXIT_FLUSH_S = 10.0
-MAX_LOG_PATTERN = 512
 # A round of ranks that has lived this long without a word from the SDK runs code that does not report.
 RUNNING_AFTER_S = float(os.environ.get("FTPLANE_RUNNING_AFTER_S", "30"))
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    command: list[str]
-    url: str | None
-    job_id: str | None
-    attempt: int
-    token: str | None
-    node: str
-    run_dir: Path
-    interval_s: float = 1.0
-    log_pattern: str | None = None
-    echo_output: bool = False  # copy the launcher's output to the agent's own stdout (container logs)
-
-    @classmethod
-    def from_environment(cls, command: list[str], environ: dict[str, str] | None = None) -> AgentConfig:
-        env = dict(os.environ if environ is None else environ)
-        job_id = env.get("FTPLANE_JOB_ID")
-        attempt = int(env.get("FTPLANE_ATTEMPT", "0"))
-        node = env.get("FTPLANE_NODE_NAME") or socket.gethostname()
-        default_dir = Path(env.get("TMPDIR", "/tmp")) / f"ftplane-agent-{job_id or 'standalone'}-a{attempt}-{node}"
-        pattern = env.get("FTPLANE_LOG_PATTERN") or None
-        if pattern is not None:
-            check_log_pattern(pattern)
-        return cls(
-            command=command,
-            url=env.get("FTPLANE_URL") or None,
-            job_id=job_id,
-            attempt=attempt,
-            token=env.get("FTPLANE_TOKEN") or None,
-            node=node,
-            run_dir=Path(env.get("FTPLANE_AGENT_DIR") or default_dir),
-            interval_s=float(env.get("FTPLANE_REPORT_INTERVAL_S", "1.0")),
-            log_pattern=pattern,
-            echo_output=env.get("FTPLANE_AGENT_ECHO", "0") == "1",
-        )
-
-
-def check_log_pattern(pattern: str) -> re.Pattern[str]:
-    """The rule the spec's progress.log_pattern obeys (the API refuses the same with a 422)."""
-    if len(pattern) > MAX_LOG_PATTERN:
-        raise ValueError(f"log pattern is longer than {MAX_LOG_PATTERN} characters")
-    compiled = re.compile(pattern)
-    if "step" not in compiled.groupindex:
-        raise ValueError("log pattern has no named group 'step', e.g. 'step (?P<step>\\d+)'")
-    return compiled
-
-
-MAX_SOCKET_PATH = 100  # a Unix socket's path must fit in 108 bytes
-
-
-def socket_path(run_dir: Path) -> Path:
-    """The channel's socket: in the run directory, or (where that path is too long for a Unix socket) in a
-    private directory of its own under the system's temporary directory."""
-    path = run_dir / "agent.sock"
-    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
-        return path
-    short = Path(tempfile.gettempdir()) / f"ftplane-{hashlib.sha256(os.fsencode(run_dir)).hexdigest()[:16]}"
-    short.mkdir(mode=0o700, exist_ok=True)
-    return short / "agent.sock"
 
 
 @dataclass
