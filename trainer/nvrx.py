@@ -1,4 +1,5 @@
-"""Every place the trainer hooks into NVIDIA's resiliency extension (NVRx), and nothing else.
+"""Every place the trainer hooks into NVIDIA's resiliency extension (NVRx), and nothing else (~500 lines on
+purpose: one module, in numbered sections, so each NVRx mechanism and its version notes are found in one place).
 
 1. `HeartbeatClient`, `ProgressHeartbeats` -- ft_launcher's in-job restart and
    hang detection: each rank sends heartbeats over IPC to its rank monitor; a

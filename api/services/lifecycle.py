@@ -11,6 +11,9 @@ from `budgets`).
 
 Decisions here only touch the database. What they ask of a backend (tear an attempt down,
 launch the next one) is done by the supervision duties that read these states.
+
+One module of ~460 lines on purpose: that every transition and every rung is decided in one
+place, and nowhere else, is the rule this module exists for.
 """
 
 from __future__ import annotations

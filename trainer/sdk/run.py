@@ -19,6 +19,9 @@ only in the work it does alone: that is what `compute()` measures, and what the 
 compares across ranks. The time `step()` itself spends in the fault hook counts as the rank's own
 work too (a slowdown's sleep, which is how a straggler is simulated). NVRx's own scores, where it
 runs: trainer/sdk/stragglers.py.
+
+One module of ~600 lines on purpose: `Run` is the SDK's whole surface for a training loop, and a
+reader should find every call a loop makes, and what each does on its thread, in one place.
 """
 
 from __future__ import annotations
