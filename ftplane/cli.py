@@ -324,14 +324,20 @@ def cancel(job_id: str, output: OutputOpt = Output.table) -> None:
 @app.command()
 def inject(
     job_id: str,
-    kind: Annotated[str, typer.Option(help="exception | crash | hang | node_loss")],
+    kind: Annotated[str, typer.Option(help="exception | crash | hang | node_loss | slowdown")],
     rank: Annotated[int, typer.Option(help="Global rank to hit.")],
     at_step: Annotated[int | None, typer.Option(help="Inject when this step is reached (default: now).")] = None,
+    fraction: Annotated[
+        float | None, typer.Option(help="slowdown: extra time per step, as a fraction of the step time (0, 10].")
+    ] = None,
+    duration_steps: Annotated[int | None, typer.Option(help="slowdown: for how many steps.")] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """Inject a fault into a running job."""
     body: dict[str, Any] = {"kind": kind, "rank": rank}
     body.update({"at_step": at_step} if at_step is not None else {"now": True})
+    if fraction is not None or duration_steps is not None:
+        body.update(fraction=fraction, duration_steps=duration_steps)
     fault = call(client().inject, job_id, body)
     if output == Output.json:
         print_json(fault)
