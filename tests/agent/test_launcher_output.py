@@ -82,3 +82,16 @@ def test_nvrx_finding_the_node_unhealthy_is_read_with_its_reason() -> None:
         "[ERROR] [ft_launcher1@vm] Agent .run() raised UnhealthyNodeException: Node vm is unhealthy\n"
     )
     assert read(log) == [NodeUnhealthy("NVRx health check: GPU health check failed for node vm: GPU 3 is not healthy")]
+
+
+def test_nvrx_07s_rank_monitor_line_is_read_too() -> None:
+    log = (
+        "2026-12-03 12:00:01,000 [WARNING] [gpu-host] [workload:?(0) infra:5] rank_monitor_server.py:497 "
+        "[Cycle 0] Did not get subsequent heartbeat. Waited 15.00 seconds.\n"
+        "E1203 12:00:02.000000 4242 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) "
+        "local_rank: 0 (pid: 4242) of binary: python\n"
+        "[default] Worker group UNHEALTHY. 2/3 attempts left; will restart worker group\n"
+    )
+    restart = next(f for f in read(log, {4242: 0}) if isinstance(f, GroupRestarted))
+    cause = round_cause(list(restart.failures))
+    assert cause["cause_class"] == "hang" and cause["silent_s"] == 15 and cause["rank"] == 0

@@ -3,7 +3,8 @@
 The agent starts the launcher with `--tee 3` and a line prefix naming each rank
 (`TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=[rank${rank}]:`), so every line is either a rank's own
 output (`[rank3]:step 120 loss 2.31`) or the launcher's. From the launcher's lines this reads
-(NVRx 0.4.1 and 0.7 print the same ones; they give these facts as text only):
+(NVRx 0.4.1 and 0.7 print the same messages; 0.6+ names the rank monitor's rank otherwise, and both
+forms are read; they give these facts as text only):
 
     [ERROR] ... failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: ...   a rank ended
     ProcessFailure(local_rank=1, pid=4242, exitcode=1 ...)                      the same, at the end
@@ -29,6 +30,11 @@ FINAL_FAILURE = re.compile(r"ProcessFailure\(local_rank=(\d+), pid=(\d+), exitco
 # The rank monitor names the rank it serves after the host.
 HEARTBEAT_TIMEOUT = re.compile(
     r"\[RankMonServer\d+@[^\]:]*:(\d+)\] Did not get (?:initial|subsequent) heartbeat\. Waited ([\d.]+) seconds"
+)
+# NVRx 0.6+: the monitor names its rank as `[workload:RANK(LOCAL_RANK) ...]` ("?" while it is not known yet).
+HEARTBEAT_TIMEOUT_CYCLES = re.compile(
+    r"\[workload:(\S*?)\((\d+)\)[^\]]*\].*?(?:\[Cycle \d+\] )?Did not get (?:initial|subsequent) heartbeat\. "
+    r"Waited ([\d.]+) seconds"
 )
 # NVRx's health checks found this node unhealthy (0.4.1 then exits 0, later versions 1): the node must go.
 UNHEALTHY = re.compile(r"UnhealthyNodeException:?\s*(.*)")
@@ -145,6 +151,11 @@ class LauncherOutput:
         silence = HEARTBEAT_TIMEOUT.search(line)
         if silence:
             self._silent.setdefault(int(silence[1]), float(silence[2]))
+            return []
+        silence = HEARTBEAT_TIMEOUT_CYCLES.search(line)
+        if silence:
+            rank = int(silence[1]) if silence[1].isdigit() else self.rank_of_local.get(int(silence[2]), int(silence[2]))
+            self._silent.setdefault(rank, float(silence[3]))
             return []
         failed = RANK_EXIT.search(line)
         if failed:
