@@ -224,9 +224,11 @@ class Checkpointer:
         if not self.enabled:
             return
         assert self.root is not None
+        # The loop is held from here: waiting for the previous save (or the writer's warm-up) is part of this
+        # save's blocking time, or goodput would count it as training.
+        started = time.monotonic()
         self.wait()  # one save at a time: the next may not start before the previous is complete
         path = step_dir(self.root, step)
-        started = time.monotonic()
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
         self.last_saved_step = step
