@@ -44,7 +44,7 @@ from bench.common import (
     table,
     uvicorn_api,
 )
-from trainer.agent.processes import rank_processes
+from trainer.agent.processes import descendants, rank_processes
 
 RANK_SCRIPT = """
 import os, time
@@ -113,8 +113,13 @@ def start_agent(url: str, job: dict[str, Any], command: list[str], workdir: Path
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
+    """The agent and everything under it (ft_launcher starts each rank in a session of its own)."""
+    tree = descendants(process.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     process.wait(timeout=30)
 
 
