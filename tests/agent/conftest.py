@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.support.live_api import serve_in_thread
+from trainer.agent.processes import descendants
 
 BIN = Path(sys.executable).parent
 FT_LAUNCHER = shutil.which("ft_launcher", path=str(BIN)) or "ft_launcher"
@@ -123,7 +125,11 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentRun]]:
     yield start
     for run in runs:
         if run.process.poll() is None:
+            tree = descendants(run.process.pid)  # ft_launcher starts each rank in a session of its own
             os.killpg(run.process.pid, 9)
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
             run.process.wait(timeout=30)
 
 
