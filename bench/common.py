@@ -143,6 +143,7 @@ def uvicorn_api(
     log_path = workdir / "uvicorn.log"
     command = [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory", "--host", "127.0.0.1"]
     command += ["--port", str(port), "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
+    command += ["--timeout-keep-alive", "75"]  # as ftplane serve: node agents keep their connection
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env=environment, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

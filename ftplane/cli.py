@@ -36,6 +36,7 @@ console = Console()
 err = Console(stderr=True)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+KEEP_ALIVE_S = 75  # longer than a node agent's keep-alive (60 s), so the agent, not the server, closes
 
 
 class Output(StrEnum):
@@ -209,6 +210,9 @@ def serve(
             port=settings.port,
             workers=workers,
             log_level=settings.log_level.lower(),
+            # node agents report every 1-30 s on one kept connection; uvicorn's default closes it after 5 s idle
+            timeout_keep_alive=KEEP_ALIVE_S,
+            access_log=settings.access_log,
         )
     finally:
         stop()

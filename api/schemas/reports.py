@@ -8,14 +8,26 @@ faults for this node: those the agent carries out itself, and those it forwards 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from api.schemas.events import MAX_EVENTS_PER_BATCH, MAX_HEARTBEATS_PER_BATCH, EventIn, FaultDirective, HeartbeatIn
+from api.schemas.events import (
+    MAX_EVENTS_PER_BATCH,
+    MAX_HEARTBEATS_PER_BATCH,
+    AttemptNumber,
+    EventIn,
+    FaultDirective,
+    HeartbeatIn,
+    Rank,
+)
+from api.schemas.scalars import JsonInt
 
 MAX_RANKS_PER_NODE = 1024
 MAX_GPUS_PER_NODE = 64
+
+Pid = Annotated[int, JsonInt(ge=0, le=2**31)]
+ExitCode = Annotated[int, JsonInt(ge=-255, le=255)]
 
 
 class Strict(BaseModel):
@@ -23,29 +35,29 @@ class Strict(BaseModel):
 
 
 class LauncherStatus(Strict):
-    pid: int | None = Field(default=None, ge=0, le=2**31)
-    alive: bool = True
-    exit_code: int | None = Field(default=None, ge=-255, le=255)
+    pid: Pid | None = None
+    alive: StrictBool = True
+    exit_code: ExitCode | None = None
 
 
 class RankProcessStatus(Strict):
-    rank: int = Field(ge=0, le=1_000_000)
-    local_rank: int | None = Field(default=None, ge=0, le=MAX_RANKS_PER_NODE)
-    pid: int | None = Field(default=None, ge=0, le=2**31)
-    alive: bool
-    exit_code: int | None = Field(default=None, ge=-255, le=255)
+    rank: Rank
+    local_rank: Annotated[int, JsonInt(ge=0, le=MAX_RANKS_PER_NODE)] | None = None
+    pid: Pid | None = None
+    alive: StrictBool
+    exit_code: ExitCode | None = None
     signal: str | None = Field(default=None, max_length=32)
 
 
 class GpuStatus(Strict):
-    index: int = Field(ge=0, le=MAX_GPUS_PER_NODE)
-    xid_errors: list[int] = Field(default_factory=list, max_length=256)
-    ecc_uncorrected: int = Field(default=0, ge=0)
+    index: Annotated[int, JsonInt(ge=0, le=MAX_GPUS_PER_NODE)]
+    xid_errors: list[Annotated[int, JsonInt(ge=0, le=2**31)]] = Field(default_factory=list, max_length=256)
+    ecc_uncorrected: Annotated[int, JsonInt(ge=0, le=2**62)] = 0
     throttled: list[str] = Field(default_factory=list, max_length=16)
 
 
 class NodeStatus(Strict):
-    pid: int | None = Field(default=None, ge=0, le=2**31, description="The agent's own process.")
+    pid: Pid | None = Field(default=None, description="The agent's own process.")
     launcher: LauncherStatus | None = None
     ranks: list[RankProcessStatus] = Field(default_factory=list, max_length=MAX_RANKS_PER_NODE)
     progress: Literal["sdk", "log", "none"] = Field(
@@ -53,14 +65,14 @@ class NodeStatus(Strict):
         description="How this node's ranks report progress: through the SDK, from a log pattern, or not at all "
         "(then hang detection for the job is node-level only).",
     )
-    interval_s: float | None = Field(default=None, gt=0, le=3600)
-    healthy: bool = True
+    interval_s: float | None = Field(default=None, gt=0, le=3600, strict=True)
+    healthy: StrictBool = True
     unhealthy_reason: str | None = Field(default=None, max_length=2000)
     gpus: list[GpuStatus] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
 
 
 class NodeReport(Strict):
-    attempt: int = Field(ge=0, le=10_000)
+    attempt: AttemptNumber
     node: str = Field(min_length=1, max_length=253)
     agent: NodeStatus = Field(default_factory=NodeStatus)
     heartbeats: list[HeartbeatIn] = Field(default_factory=list, max_length=MAX_HEARTBEATS_PER_BATCH)
@@ -86,7 +98,7 @@ class NodeOut(BaseModel):
     node: str
     attempt: int
     last_seen: datetime
-    launcher_alive: bool
+    launcher_alive: StrictBool
     progress: str
     healthy: bool
     unhealthy_reason: str | None

@@ -65,7 +65,8 @@ def test_heartbeats_are_coalesced_to_the_newest(make_run: Callable[..., Run], ag
     run.start(0)
     for n in range(1, 2001):
         run.step(n, loss=float("nan") if n == 2000 else 2.5, tokens=1000)
-    assert run.flush(5)
+    assert run.flush(5)  # sent; the agent reads its socket on a thread of its own
+    wait_for("the newest heartbeat", lambda: agent.heartbeats(0) and agent.heartbeats(0)[-1].step == 2000, 5, 0.01)
     beats = agent.heartbeats(0)
     assert 1 <= len(beats) <= 5  # 2000 steps, a handful of heartbeats
     newest = beats[-1]
@@ -92,16 +93,16 @@ def test_step_never_waits_and_memory_stays_bounded_while_the_agent_is_away(
     assert took[-1] < 0.2 and took[int(len(took) * 0.99)] < 0.001, f"slowest step() {took[-1] * 1000:.1f} ms"
     assert run.channel is not None
     queued, beat_waiting = run.channel.pending()
-    assert queued == 500 and beat_waiting  # 1000 events made: the first 500 kept, in order; one heartbeat
+    assert queued == 500 and beat_waiting  # the hello, running and the first 498 of 1000 events; one heartbeat
     assert run.channel.dropped == 502  # the hello and the running event went first; 502 later ones had no room
     assert run.flush(0.3) is False  # bounded, and says so
 
     agent.start()  # back at the same path: what was kept goes, in order
     assert run.flush(10)
-    events = agent.events()
+    events = agent.wait_events(499)  # sent; the agent reads its socket on a thread of its own
     assert events[0]["type"] == "running"
-    assert [e["step"] for e in events[1:]] == list(range(50, 50 * 500, 50))
-    assert agent.heartbeats(0)[-1].step == 50_000
+    assert [e["step"] for e in events[1:]] == list(range(50, 50 * 499, 50))
+    wait_for("the newest heartbeat", lambda: agent.heartbeats(0)[-1].step == 50_000, 5, 0.01)
 
 
 def test_a_full_agent_buffer_holds_up_nothing_and_loses_nothing(make_run: Callable[..., Run]) -> None:
@@ -115,7 +116,7 @@ def test_a_full_agent_buffer_holds_up_nothing_and_loses_nothing(make_run: Callab
         assert run.channel.pending()[0] > 0
         slow.reading.set()  # the agent catches up
         assert run.flush(10)
-        assert [e["details"]["i"] for e in slow.events()] == list(range(2000))
+        assert [e["details"]["i"] for e in slow.wait_events(2000)] == list(range(2000))
     finally:
         slow.stop()
 
@@ -126,10 +127,11 @@ def test_events_are_resent_in_order_after_the_agent_comes_back(make_run: Callabl
     agent.wait_events(3)
     agent.stop()  # the agent restarts...
     during = [run.event("checkpoint_saved", {"n": i}) for i in range(3, 10)]
-    time.sleep(0.3)  # several failed tries
+    assert run.channel is not None
+    wait_for("several failed tries", lambda: run.channel.failures >= 2, 5, interval=0.01)  # type: ignore[union-attr]
     agent.start()  # ...and binds the same path again
     assert run.flush(10)
-    assert [e["key"] for e in agent.events()] == first + during  # each once, in order
+    assert [e["key"] for e in agent.wait_events(10)] == first + during  # each once, in order
 
 
 def test_fault_directives_on_the_reply_socket_fire_at_their_step(
