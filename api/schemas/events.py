@@ -36,6 +36,7 @@ class EventType(StrEnum):
     node_unhealthy = "node_unhealthy"
     inprocess_restart = "inprocess_restart"
     injob_restart = "injob_restart"
+    launcher_cycle = "launcher_cycle"  # ft_launcher's timing of one cycle (NVRx 0.5+), from the node agent
     job_restart = "job_restart"
     node_excluded = "node_excluded"
     checkpoint_saved = "checkpoint_saved"

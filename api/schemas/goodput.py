@@ -91,4 +91,11 @@ class GoodputOut(Breakdown):
     rolling: list[RollingGoodput] = Field(
         default_factory=list, description="ETTR over the last 5, 15 and 60 minutes of wall time."
     )
+    launcher_phases: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Where the launcher timed them (NVRx 0.5+): seconds of the initialization and restart buckets "
+        "spent terminating the worker group, in the rendezvous (its node health check included, and also given "
+        "apart as health_check) and starting the workers; summed over cycles, the slowest node's time of each. "
+        "The rest of each bucket is what the launcher does not time. Empty with NVRx 0.4.1.",
+    )
     advice: Advice

@@ -19,6 +19,7 @@ class GoodputView:
     lost: list[tuple[str, float]]
     advice: tuple[str, ...] = field(default=())  # lines of text: the checkpoint interval that fits the job
     rolling: tuple[tuple[str, float | None], ...] = field(default=())  # ("5 min", ETTR) over the last minutes
+    launcher: tuple[str, ...] = field(default=())  # lines of text: the launcher's timing of start and restarts
 
     @classmethod
     def of(cls, out: GoodputOut) -> GoodputView:
@@ -31,6 +32,7 @@ class GoodputView:
             lost=lost,
             advice=advice_lines(out.advice),
             rolling=tuple((f"{r.window_s / 60:g} min", r.ettr) for r in out.rolling),
+            launcher=launcher_lines(out.launcher_phases),
         )
 
     def bar(self, width: float = 1000.0) -> list[tuple[str, float, float, float]]:
@@ -50,6 +52,15 @@ def goodput_of(session: Session, job: Job) -> GoodputView | None:
     """The job's goodput, or None before it was launched."""
     out = goodput.job_goodput(session, job)
     return GoodputView.of(out) if out is not None else None
+
+
+def launcher_lines(phases: dict[str, dict[str, float]]) -> tuple[str, ...]:
+    """`Restart, as the launcher timed it: termination 2.5 s · rendezvous 3.0 s · ...`, per bucket it timed."""
+    return tuple(
+        f"{bucket.capitalize()}, as the launcher timed it: "
+        + " · ".join(f"{name.replace('_', ' ')} {seconds:.1f} s" for name, seconds in times.items())
+        for bucket, times in phases.items()
+    )
 
 
 def _interval(prediction: IntervalPrediction) -> str:

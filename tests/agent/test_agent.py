@@ -4,6 +4,7 @@ faults, and reports all of it to the API; ranks never see the job's token."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,66 @@ def test_protocol_refuses_what_it_cannot_read() -> None:
             protocol.parse(bad)
     beat = protocol.parse(json.dumps({"type": "heartbeat", "rank": 3, "step": 9, "total_steps": 100}).encode())
     assert beat == protocol.Heartbeat(rank=3, step=9, total_steps=100)
+
+
+# ft_launcher's timed cycle events as NVRx 0.7.0 logs them (shared_utils/profiling.py), for a start and one
+# in-job restart; 0.7 does not install on this Python, so a stand-in launcher prints them.
+PROFILED_LAUNCHER = """
+lines = '''\
+[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: rendezvous_started Node: vm_1 Rank: None \
+Time: 2026-12-03 10:00:00.000 UTC
+[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: health_check_completed Node: vm_1 Rank: \
+None Time: 2026-12-03 10:00:00.400 UTC
+[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: rendezvous_completed Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:00:01.500 UTC
+[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: worker_start_started Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:00:01.600 UTC
+[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: worker_start_completed Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:00:02.100 UTC
+[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: failure_detected Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:05:00.000 UTC
+[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: worker_terminated Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:05:03.250 UTC
+[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: rendezvous_started Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:05:03.300 UTC
+[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: health_check_completed Node: vm_1 Rank: \
+0 Time: 2026-12-03 10:05:03.500 UTC
+[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: rendezvous_completed Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:05:05.300 UTC
+[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: worker_start_started Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:05:05.300 UTC
+[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: worker_start_completed Node: vm_1 Rank: 0 \
+Time: 2026-12-03 10:05:06.000 UTC
+'''
+print(lines, flush=True)
+"""
+
+
+def test_the_launchers_timed_cycles_reach_the_goodput_breakdown(
+    admin: TestClient, make_job: Any, live: str, start_agent: Any, tmp_path: Path
+) -> None:
+    """NVRx 0.5+ times each cycle: the agent sends each as `launcher_cycle`, and goodput splits the initialization
+    and restart buckets by it (the launcher's own clock, not the control plane's)."""
+    job = submitted_job(admin, make_job)
+    script = tmp_path / "profiled_launcher.py"
+    script.write_text(PROFILED_LAUNCHER)
+    assert start_agent(live, job, [sys.executable, str(script)]).wait(60) == 0
+    cycles = sorted(events(admin, job["id"], "launcher_cycle"), key=lambda e: e["details"]["cycle"])
+    assert [(e["details"]["cycle"], e["node"], e["ts"][:19]) for e in cycles] == [
+        (0, "node-a", "2026-12-03T10:00:00"),
+        (1, "node-a", "2026-12-03T10:05:00"),
+    ]
+    assert cycles[0]["details"]["phases"] == {"rendezvous": 1.5, "health_check": 0.4, "worker_start": 0.5}
+    assert cycles[1]["details"]["phases"] == {
+        "termination": 3.25,
+        "rendezvous": 2.0,
+        "health_check": 0.2,
+        "worker_start": 0.7,
+    }
+    goodput = admin.get(f"/v1/jobs/{job['id']}/goodput").json()
+    assert goodput["launcher_phases"] == {
+        "initialization": {"rendezvous": 1.5, "health_check": 0.4, "worker_start": 0.5},
+        "restart": {"termination": 3.25, "rendezvous": 2.0, "health_check": 0.2, "worker_start": 0.7},
+    }
+    page = admin.get(f"/ui/jobs/{job['id']}/live").text  # the job page says it in words
+    assert "Restart, as the launcher timed it: termination 3.2 s · rendezvous 2.0 s · health check 0.2 s" in page

@@ -4,6 +4,7 @@ are as NVRx 0.4.1's launcher writes them (0.7 prints the same messages after ano
 from __future__ import annotations
 
 from trainer.agent.launcher_output import GroupRestarted, LauncherOutput, RankFailed, RankOutput, round_cause
+from trainer.agent.launcher_timing import CycleTimed
 
 LOG = """\
 [INFO] [ft_launcher1@vm] gpu_ib_map: None
@@ -95,3 +96,21 @@ def test_nvrx_07s_rank_monitor_line_is_read_too() -> None:
     restart = next(f for f in read(log, {4242: 0}) if isinstance(f, GroupRestarted))
     cause = round_cause(list(restart.failures))
     assert cause["cause_class"] == "hang" and cause["silent_s"] == 15 and cause["rank"] == 0
+
+
+def test_nvrx_timed_cycles_give_their_phases_once_the_workers_started() -> None:
+    """NVRx 0.5+'s profiling lines (0.4.1 prints none): a cycle's phases come with its worker_start_completed;
+    a phase whose two ends were not both seen is left out, a time without milliseconds is read."""
+    line = "[INFO] [vm] profiling.py:93   - Cycle: {} Event: {} Node: vm_7 Rank: {} Time: 2026-12-03 10:00:{} UTC"
+    output = LauncherOutput()
+    fed = [
+        output.feed(line.format(2, "failure_detected", 0, "00")),
+        output.feed(line.format(2, "rendezvous_started", 0, "04.5")),
+        output.feed("[rank0]:step 3 loss 2.5"),  # a rank's own line, read as such
+        output.feed(line.format(2, "rendezvous_completed", 0, "06.000")),
+        output.feed(line.format(2, "worker_start_started", "None", "06.250")),
+    ]
+    assert fed == [[], [], [RankOutput(0, "step 3 loss 2.5")], [], []]
+    [done] = output.feed(line.format(2, "worker_start_completed", 0, "07"))
+    assert isinstance(done, CycleTimed) and done.cycle == 2 and done.began.isoformat() == "2026-12-03T10:00:00+00:00"
+    assert done.phases == {"rendezvous": 1.5, "worker_start": 0.75}  # no worker_terminated, no health check line

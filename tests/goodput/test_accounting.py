@@ -140,6 +140,47 @@ def test_in_job_restart_with_recompute() -> None:
     assert g.step_time_s == pytest.approx(0.2)
 
 
+def cycle(t: float, number: int, node: str, *, attempt: int = 0, **phases: float) -> Record:
+    return ev("launcher_cycle", t, attempt=attempt, cycle=number, node=node, phases=phases, source="launcher")
+
+
+def test_the_launchers_timed_cycles_split_initialization_and_restart_without_moving_them() -> None:
+    """The in-job restart scenario with two nodes' launchers timing their cycles (NVRx 0.5+): each phase is the
+    slowest node's; attempt 0's cycle 0 is initialization, its cycle 1 and a later attempt's cycle 0 restarts.
+    The buckets are those of the scenario without them."""
+    history = [
+        ev("submitted", 0),
+        *running(10),
+        saved(30, 100),
+        ev("fault_injected", 41, kind="crash", source="control_plane"),
+        ev("rank_failed", 41.2, step=150, cause="RuntimeError", first_to_fail=True),
+        ev("rank_failed", 43, step=150, cause="exit code 1", source="launcher"),
+        ev("injob_restart", 43, step=150, restart_count=1, failed_step=150, source="launcher"),
+        ev("checkpoint_loaded", 49.5, step=100, load_s=0.5),
+        *running(50, 100, restart_count=1),
+        ev("rank_failed", 50.5, step=150, cause="killed by SIGKILL", source="launcher"),
+        saved(70, 200),
+        ev("succeeded", 74),
+    ]
+    timed = [
+        cycle(2, 0, "a", rendezvous=3.0, health_check=0.5, worker_start=1.0),
+        cycle(2, 0, "b", rendezvous=3.5, health_check=0.25, worker_start=0.5),
+        cycle(41.5, 1, "a", termination=1.5, rendezvous=2.0, worker_start=1.0),
+        cycle(41.5, 1, "b", termination=2.5, rendezvous=1.0, worker_start=1.25, bogus=9.0),
+        cycle(60, 0, "a", attempt=1, rendezvous=1.0),  # a later attempt's launcher: a restart
+        ev("launcher_cycle", 61, cycle=2, phases="not a mapping"),  # ignored, as a cycle without a number
+        ev("launcher_cycle", 61, phases={"rendezvous": 5.0}),
+    ]
+    g = run(history + timed)
+    assert_partition(g)
+    assert lost(g) == lost(run(history)) == RESTART_SCENARIO_LOST
+    assert g.launcher_phases == {
+        "initialization": {"rendezvous": 3.5, "health_check": 0.5, "worker_start": 1.0},
+        "restart": {"termination": 2.5, "rendezvous": 3.0, "worker_start": 1.25},
+    }
+    assert run(history).launcher_phases == {}  # NVRx 0.4.1 times nothing
+
+
 # The hang scenario's lost seconds per bucket (test_hang_detected_by_silence; the API test replays it).
 HANG_SCENARIO_LOST = {
     "initialization": 10,

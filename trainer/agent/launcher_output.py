@@ -11,6 +11,7 @@ forms are read; they give these facts as text only):
     [RankMonServer...:1] Did not get subsequent heartbeat. Waited 20.00 seconds  killed for silence
     Worker group UNHEALTHY. 2/3 attempts left; will restart worker group         an in-job restart
     ... UnhealthyNodeException ...                                               NVRx found the node unhealthy
+    ... Cycle: 1 Event: rendezvous_completed ... Time: ... UTC                   NVRx 0.5+: a cycle's timing
 
 A round is the life of one worker group; each in-job restart starts the next. A rank killed for
 silence is the root cause of its round; else one killed by a signal; ranks that then exit 1 on a
@@ -23,6 +24,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainer.agent.launcher_timing import CycleTimed, LauncherTiming
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
 RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
@@ -128,7 +131,7 @@ class NodeUnhealthy:
     reason: str
 
 
-Fact = RankOutput | RankFailed | GroupRestarted | NodeUnhealthy
+Fact = RankOutput | RankFailed | GroupRestarted | NodeUnhealthy | CycleTimed
 
 
 @dataclass
@@ -142,12 +145,16 @@ class LauncherOutput:
     _silent: dict[int, float] = field(default_factory=dict)  # this round's: rank -> the timeout that elapsed
     _seen_pids: set[int] = field(default_factory=set)
     _check_failed: str | None = None  # the last health check failure said, for the reason
+    timing: LauncherTiming = field(default_factory=LauncherTiming)  # NVRx 0.5+'s timed cycle events
 
     def feed(self, line: str) -> list[Fact]:
         line = line.rstrip("\r\n")
         rank_line = RANK_LINE.match(line)
         if rank_line:
             return [RankOutput(int(rank_line[1]), rank_line[2])]
+        timed = self.timing.feed(line)
+        if timed is not None:
+            return [timed]
         silence = HEARTBEAT_TIMEOUT.search(line)
         if silence:
             self._silent.setdefault(int(silence[1]), float(silence[2]))

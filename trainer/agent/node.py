@@ -38,6 +38,7 @@ from trainer.agent.launcher_output import (
     RankOutput,
     round_cause,
 )
+from trainer.agent.launcher_timing import CycleTimed
 from trainer.agent.processes import RankProcess, rank_processes
 from trainer.agent.uplink import Uplink, utcnow_iso
 
@@ -276,6 +277,13 @@ class NodeAgent:
                 )
             elif isinstance(fact, NodeUnhealthy):
                 self.mark_unhealthy(fact.reason, source="launcher")
+            elif isinstance(fact, CycleTimed):
+                self.uplink.event(
+                    "launcher_cycle",
+                    key=f"agent:{self.config.node}:a{self.config.attempt}:cycle{fact.cycle}",
+                    ts=fact.began.isoformat(),
+                    details={"cycle": fact.cycle, "phases": fact.phases, "source": "launcher"},
+                )
             elif isinstance(fact, GroupRestarted):
                 # Every node's agent reports the restart under one key: stored once, the first wins.
                 cause = self._injected_cause(fact.restart_count - 1) or round_cause(list(fact.failures))

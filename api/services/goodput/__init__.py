@@ -64,6 +64,8 @@ Step time
     (save start, checkpoint step), (onset, step of the fault or silence). Over all runs: the sum of
     each run's time to its furthest point over the sum of its steps.
 
+Launcher phases (inside initialization and restart, where NVRx 0.5+ times its cycles): launcher_phases.py.
+
 Advice: advice.py.
 """
 

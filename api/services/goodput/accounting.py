@@ -12,6 +12,7 @@ from api.schemas.events import EventType
 from api.schemas.goodput import GoodputOut
 from api.services.goodput.advice import advise
 from api.services.goodput.attempts import PRODUCTIVE, Clock, Interval, split
+from api.services.goodput.launcher_phases import launcher_phases
 from api.services.goodput.records import (
     FAILURE_TYPES,
     PROGRESS_TYPES,
@@ -109,6 +110,7 @@ def account(
         recomputed_steps=recomputed_steps,
         attempts=attempts,
         rolling=rolling(intervals, wall),
+        launcher_phases=launcher_phases(recs),
         advice=advice,
         **overall.model_dump(),
     )

@@ -24,6 +24,7 @@ PROGRESS_TYPES = FAILURE_TYPES | SILENCE_TYPES | {EventType.fault_injected}
 STRAGGLER_TYPES = frozenset({EventType.straggler_detected, EventType.straggler_cleared})
 READ_TYPES = frozenset(
     {EventType.submitted, EventType.checkpoint_saved, EventType.fault_injected, EventType.queued}
+    | {EventType.launcher_cycle}
     | STRAGGLER_TYPES
     | TERMINAL_TYPES
     | SILENCE_TYPES
