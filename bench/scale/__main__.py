@@ -4,13 +4,14 @@ Redis. The method is in bench/README.md.
 
   one job (default)   the training story: faults at a published rate, time-compressed, with recoveries; ingest,
                       detection, events lost and the goodput API against the simulator's own ground truth
-  --jobs N            N jobs at once, training steadily, each with one node partitioned for a while: what breaks
-                      first, and whether a supervision pass over all of them fits in its period (--steady: the
-                      same for one job)
+  --jobs N            N jobs of 2,048 ranks (256 nodes) at once, every node at the one big job's interval,
+                      training steadily, each with one node partitioned for a while: what breaks first, and
+                      whether a supervision pass over all of them fits in its period (--steady: the same for
+                      one job)
 
 Both measure a same-run baseline first: GET /healthz on the same API.
 
-Usage: python -m bench.scale [--jobs 8] [--nodes 2048] [--sim-hours 3] [--seed 2026] [--json F] [--workdir D]
+Usage: python -m bench.scale [--jobs 8] [--nodes N] [--sim-hours 3] [--seed 2026] [--json F] [--workdir D]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from api.schemas.spec import default_report_interval
 from bench.common import ROOT, machine
 from bench.scale.controlplane import control_plane
 from bench.scale.jobs import run_jobs
@@ -34,14 +36,23 @@ from bench.scale.params import Params
 from bench.scale.report import jobs_report, one_job_report
 from bench.scale.wire import TRANSPORTS
 
+JOBS_NODES = 256  # --jobs N > 1: jobs of 2,048 ranks (8 GPUs a node) each
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d = Params()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1, help="more than 1: that many jobs at once (steady)")
     parser.add_argument("--steady", action="store_true", help="the several-jobs scenario even for --jobs 1")
-    parser.add_argument("--nodes", type=int, default=d.nodes)
-    parser.add_argument("--report-interval", type=float, default=0.0, help="0: the product's default for --nodes")
+    parser.add_argument(
+        "--nodes", type=int, help=f"nodes per job (default {d.nodes}; with --jobs N > 1: {JOBS_NODES}, 2,048 ranks)"
+    )
+    parser.add_argument(
+        "--report-interval",
+        type=float,
+        default=0.0,
+        help="0: the product's default for --nodes (with --jobs N > 1: for a 2,048-node job, the one-job run's)",
+    )
     parser.add_argument("--heartbeat-timeout", type=float, default=0.0, help="0: the spec's floor (3 intervals)")
     parser.add_argument("--supervise-interval", type=float, default=d.supervise_interval_s)
     parser.add_argument("--api-workers", type=int, default=d.api_workers)
@@ -66,10 +77,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def params(args: argparse.Namespace) -> Params:
+    several = args.jobs > 1
+    nodes = args.nodes or (JOBS_NODES if several else Params.nodes)
+    # Several jobs of 2,048 ranks report at the per-node interval of the one 16,384-rank job: the same load in all
+    interval = args.report_interval or (default_report_interval(Params.nodes) if several else 0.0)
     return Params(
-        nodes=args.nodes,
+        nodes=nodes,
         jobs=args.jobs,
-        report_interval_s=args.report_interval,
+        report_interval_s=interval,
         heartbeat_timeout_s=args.heartbeat_timeout,
         supervise_interval_s=args.supervise_interval,
         api_workers=args.api_workers,
