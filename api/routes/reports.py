@@ -161,7 +161,7 @@ def list_events(
     type_: Annotated[list[EventType], Query(alias="type")] = [],  # noqa: B006
     since: Instant | None = None,
     until: Instant | None = None,
-    cursor: int = Query(default=0, ge=0, description="The next_cursor of the previous page."),
+    cursor: int = Query(default=0, ge=0, le=2**63 - 1, description="The next_cursor of the previous page."),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> EventPage:
     load_job(session, job_id)

@@ -54,6 +54,11 @@ def test_events_filter_by_type_and_time_and_paginate(admin: TestClient, make_job
             break
         cursor = page["next_cursor"]
     assert keys == [f"k{i}" for i in range(10)]
+    for beyond in (2**63, 6467363569790502904805720064):  # past any row id (SQLite's INTEGER): a 422, not a 500
+        refused = admin.get(f"/v1/jobs/{job['id']}/events", params={"cursor": beyond})
+        assert refused.status_code == 422 and "cursor" in refused.text
+    last = admin.get(f"/v1/jobs/{job['id']}/events", params={"cursor": 2**63 - 1}).json()
+    assert last["items"] == [] and last["next_cursor"] is None
 
 
 def test_a_bad_event_refuses_the_whole_batch(admin: TestClient, make_job: Any) -> None:

@@ -6,6 +6,7 @@ job makes (simulated on a fake clock, request by request) and check the 429 itse
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import uuid
@@ -170,6 +171,7 @@ def test_the_agents_uplink_waits_out_a_429_and_loses_nothing(
     limited: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The agent's real uplink against the real API: 12 event batches through a limit of 3 at once, 2/s."""
+    caplog.set_level(logging.WARNING, logger="trainer.agent.uplink")  # whatever level an earlier test left it at
     job = limited.post("/v1/jobs", json=tiny_spec()).json()
     transport: Any = TestClient(limited.app)._transport  # the app in process, over httpx
     reporter = Uplink("http://testserver", job["id"], 0, job["token"], "node-a", transport=transport, interval_s=0.05)
