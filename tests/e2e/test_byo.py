@@ -3,6 +3,7 @@ under real node agents and ft_launcher (CPU, gloo), launched and supervised by a
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,27 @@ def spec(api: Client, name: str, script: str, steps: int, **overrides: Any) -> d
     return body
 
 
-def wait(what: str, condition: Callable[[], Any], timeout: float = 150) -> Any:
-    return wait_for(what, condition, timeout, interval=0.3)
+def wait(
+    what: str, condition: Callable[[], Any], timeout: float = 150, *, job: tuple[Client, str] | None = None
+) -> Any:
+    """`wait_for`; given the job, a timeout also says where the job was: its status, events and nodes' output."""
+    try:
+        return wait_for(what, condition, timeout, interval=0.3)
+    except AssertionError as exc:
+        if job is None:
+            raise
+        raise AssertionError(f"{exc}\n{where_it_was(*job)}") from None
+
+
+def where_it_was(api: Client, job_id: str) -> str:
+    found = api.job(job_id)
+    types = collections.Counter(e["type"] for e in api.all_events(job_id))
+    lines = [f"job {found['status']} ({found.get('status_reason')}); events {dict(types)}"]
+    runs = api.workdir / ".ftplane" / "runs" / job_id  # type: ignore[attr-defined]
+    for log in sorted(runs.glob("a*/n*/output.log")):
+        lines.append(f"--- {log.relative_to(runs)} (last 25 lines)")
+        lines += log.read_text(errors="replace").splitlines()[-25:]
+    return "\n".join(lines)
 
 
 def events(api: Client, job_id: str, type_: str) -> list[dict[str, Any]]:
@@ -147,11 +167,12 @@ def test_a_two_node_job_survives_losing_node_1_and_says_which_node_was_lost(api:
     nodes = wait(
         "both nodes' ranks",
         lambda: (n := api.request("GET", f"/v1/jobs/{job['id']}/nodes")) and sum(len(x["ranks"]) for x in n) == 4 and n,
+        job=(api, job["id"]),
     )
     lost = next(n for n in nodes if n["node"].endswith("-n1"))
-    wait("step 10", lambda: (api.job(job["id"])["progress"]["step"] or 0) >= 10)
+    wait("step 10", lambda: (api.job(job["id"])["progress"]["step"] or 0) >= 10, job=(api, job["id"]))
     api.inject(job["id"], {"kind": "node_loss", "rank": lost["ranks"][0]["rank"], "now": True})
-    restarted = wait("the job restart", lambda: events(api, job["id"], "job_restart"), 120)[0]
+    restarted = wait("the job restart", lambda: events(api, job["id"], "job_restart"), 120, job=(api, job["id"]))[0]
     assert restarted["attempt"] == 1
     assert [e["node"] for e in events(api, job["id"], "node_failed")] == [lost["node"]]
     assert [e["node"] for e in events(api, job["id"], "node_excluded")] == [lost["node"]]
