@@ -41,10 +41,14 @@ def create(session: Session, spec: JobSpec) -> Job:
     return job
 
 
-def get(session: Session, job_id: str, *, for_update: bool = False) -> Job | None:
+def get(session: Session, job_id: str, *, for_update: bool = False, for_share: bool = False) -> Job | None:
+    """The job's row; `for_update` locks it against every other locker, `for_share` only against writers of the
+    row (PostgreSQL's FOR SHARE: many reports at once, none while the row changes)."""
     query = select(Job).where(Job.id == job_id)
     if for_update:
         query = query.with_for_update()
+    elif for_share:
+        query = query.with_for_update(read=True)
     return session.scalar(query)
 
 

@@ -6,7 +6,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
@@ -18,7 +18,7 @@ _NODE_COLUMNS = ("attempt", "last_seen", "launcher_alive", "progress", "healthy"
 
 
 def record(session: Session, job_id: str, report: NodeReport) -> None:
-    """Upsert a node's liveness; a report of an older attempt never overwrites a newer one."""
+    """Upsert a node's liveness, newest wins (see write_nodes)."""
     write_nodes(session, [node_row(job_id, report, utcnow())])
 
 
@@ -41,12 +41,21 @@ def node_row(job_id: str, report: NodeReport, now: datetime) -> dict[str, Any]:
 @cache
 def _node_upsert(dialect: str) -> Any:
     return upsert(
-        dialect, NodeLiveness.__table__, ["job_id", "node"], _NODE_COLUMNS, lambda old, new: old.attempt <= new.attempt
+        dialect,
+        NodeLiveness.__table__,
+        ["job_id", "node"],
+        _NODE_COLUMNS,
+        _newer,
     )
 
 
+def _newer(old: Any, new: Any) -> Any:
+    return or_(old.attempt < new.attempt, and_(old.attempt == new.attempt, old.last_seen <= new.last_seen))
+
+
 def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Upsert node rows; a report of an older attempt never overwrites a newer one."""
+    """Upsert node rows, newest wins: a row of an older attempt, or received earlier, never overwrites a newer one
+    (the coalescing writer may write a node's row after a report of its that came later was stored)."""
     if rows:
         connection = session.connection()
         connection.execute(_node_upsert(connection.dialect.name), rows)

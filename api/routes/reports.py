@@ -44,7 +44,7 @@ from api.schemas.events import (
     utcnow,
 )
 from api.schemas.reports import NodeOut, NodeReport, ReportResult
-from api.services import lifecycle, liveness_writer, notifications, report_gate, reporting
+from api.services import lifecycle, liveness_writer, notifications, report_admission, report_gate, reporting
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["reports"])
 
@@ -83,36 +83,80 @@ async def post_report(job_id: str, request: Request) -> Response:
     if not writer.healthy:
         raise ApiError(503, "the database is unavailable; retry shortly", headers={"Retry-After": "1"})
     ranks = {r.rank for r in report.agent.ranks} | {b.rank for b in report.heartbeats}
-    total = max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
-    if (
-        report.events
-        or report.attempt > state.attempt
-        or state.fault_ranks & ranks
-        or (total is not None and total != state.total_steps)
-    ):
-        result = await run_in_threadpool(_ingest_in_transaction, job_id, report)
+    total = _total_steps(report)
+    new_total = total is not None and total != state.total_steps
+    if report.events or report.attempt > state.attempt or state.fault_ranks & ranks or new_total:
+        slots = report_admission.slots(get_settings().db_pool_size)
+        if not slots.take():  # shed: the liveness now, the events when the agent resends them
+            await _take_liveness(writer, job_id, report, state.attempt)
+            raise ApiError(
+                503,
+                f"{slots.limit} reports with events are being stored by this server; resend after Retry-After",
+                headers={"Retry-After": str(report_admission.RETRY_AFTER_S)},
+            )
+        try:
+            exclusive = bool(
+                report.attempt > state.attempt
+                or state.fault_ranks & ranks
+                or new_total
+                or lifecycle.changes_job(state.status, (e.type for e in report.events))
+            )
+            result = await run_in_threadpool(_ingest_in_transaction, job_id, report, exclusive)
+        finally:
+            slots.give_back()
         return Response(result.model_dump_json(), media_type="application/json")
-    accepted = 0
-    if report.attempt == state.attempt:
-        accepted = (
-            await run_in_threadpool(writer.add, job_id, report) if writer.period_s <= 0 else writer.add(job_id, report)
-        )
-        notifications.heartbeats_ingested(accepted)
+    accepted = await _take_liveness(writer, job_id, report, state.attempt)
     return Response(f'{{"stored":0,"duplicates":0,"accepted":{accepted},"faults":[]}}', media_type="application/json")
 
 
-def _ingest_in_transaction(job_id: str, report: NodeReport) -> ReportResult:
+def _total_steps(report: NodeReport) -> int | None:
+    return max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
+
+
+async def _take_liveness(writer: liveness_writer.LivenessWriter, job_id: str, report: NodeReport, attempt: int) -> int:
+    """The fast path: the report's liveness and heartbeats into the coalescing writer (soft state)."""
+    if report.attempt != attempt:
+        return 0
+    if writer.period_s <= 0:  # written at once (no coalescing): a database write, off the event loop
+        accepted = await run_in_threadpool(writer.add, job_id, report)
+    else:
+        accepted = writer.add(job_id, report)
+    notifications.heartbeats_ingested(accepted)
+    return accepted
+
+
+class _RowWouldChange(Exception):
+    """Under the shared lock, the job's row turned out to need changing: store the report again, exclusively."""
+
+
+def _ingest_in_transaction(job_id: str, report: NodeReport, exclusive: bool) -> ReportResult:
     """The report's events (and what they mean), faults to hand over, a new attempt or total: stored before the
-    reply, with the job's row locked."""
-    liveness_writer.flush()  # this node's earlier liveness first, so it never overwrites what follows
+    reply. The job's row is locked exclusively when the report may change it, else shared (reports of many nodes
+    at once, none while the supervisor changes the job)."""
+    # No flush of the coalescing writer first: its rows are upserted newest-wins (api/models/nodes.py, liveness.py),
+    # so a node's older row it writes later cannot overwrite this report's.
+    try:
+        return _store_report(job_id, report, exclusive=exclusive)
+    except _RowWouldChange:
+        return _store_report(job_id, report, exclusive=True)
+
+
+def _store_report(job_id: str, report: NodeReport, *, exclusive: bool) -> ReportResult:
     with session_scope() as session:
-        job = job_store.get(session, job_id, for_update=True)
+        job = job_store.get(session, job_id, for_update=exclusive, for_share=not exclusive)
         if job is None:
             raise ApiError(404, f"no job with id {job_id!r}", field="job_id")
         if job.status in lifecycle.TERMINAL and not report.events:
             raise ApiError(409, f"job is {job.status}; it takes no more reports", field="job_id")
+        total = _total_steps(report)
+        if not exclusive and (
+            lifecycle.changes_job(job.status, (e.type for e in report.events))
+            or (total is not None and total != job.total_steps)
+        ):
+            raise _RowWouldChange
         result = reporting.ingest_node_report(session, job, report)
-    report_gate.forget_job(job_id)
+    if exclusive or result.faults:
+        report_gate.forget_job(job_id)  # its status, attempt, total or pending faults may have changed
     return result
 
 

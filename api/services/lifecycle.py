@@ -18,6 +18,7 @@ place, and nowhere else, is the rule this module exists for.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -275,6 +276,17 @@ RECOVERY_EVENTS = frozenset(
         EventType.job_restart,
     }
 )
+
+
+def changes_job(status: str, types: Iterable[str]) -> bool:
+    """Whether events of these types could change a job in `status` (apply_reported_event's rule, read without
+    the row): reports whose events cannot may be stored side by side under a shared lock on the job's row."""
+    if JobStatus(status) in TERMINAL:
+        return False
+    return any(
+        t in RECOVERY_EVENTS or t == EventType.injob_restart or (t == EventType.running and status != JobStatus.RUNNING)
+        for t in types
+    )
 
 
 def apply_reported_event(session: Session, job: Job, event: EventIn) -> None:

@@ -250,3 +250,80 @@ def test_liveness_is_written_within_the_flush_period_and_a_failing_database_answ
     steps = {r["rank"]: r["step"] for r in admin.get(f"/v1/jobs/{job['id']}/ranks").json()}
     assert steps == {0: 9, 1: 5}
     assert trainer.post(f"/v1/jobs/{job['id']}/reports", json=report()).status_code == 200
+
+
+def test_past_the_transaction_slots_a_report_is_shed_its_liveness_kept_its_events_resent_once(
+    admin: TestClient, make_job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a restart every node's `running` comes at once: past the process's slots a report is answered 503 with
+    Retry-After, its liveness taken on the fast path (the node is not silent meanwhile), nothing stored; the
+    agent's resend stores each event once."""
+    from api.services import report_admission
+
+    job = make_job()
+    trainer = as_trainer(admin, job["token"])
+    full = report_admission.TransactionSlots(0)
+    monkeypatch.setattr(report_admission, "slots", lambda limit: full)
+    events = [{"key": "run-0", "type": "checkpoint_saved", "step": 10, "details": {"step": 10}}]
+    body = report("n7", events=events, heartbeats=[{"rank": 0, "step": 10}])
+    shed = trainer.post(f"/v1/jobs/{job['id']}/reports", json=body)
+    assert shed.status_code == 503 and shed.headers["Retry-After"] == "1" and full.shed == 1
+    assert admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "checkpoint_saved"}).json()["items"] == []
+    assert [n["node"] for n in admin.get(f"/v1/jobs/{job['id']}/nodes").json()] == ["n7"]  # liveness taken
+    assert {r["rank"]: r["step"] for r in admin.get(f"/v1/jobs/{job['id']}/ranks").json()} == {0: 10}
+    monkeypatch.undo()
+    for _ in range(2):  # the resend, and a resend of it
+        assert trainer.post(f"/v1/jobs/{job['id']}/reports", json=body).status_code == 200
+    stored = admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "checkpoint_saved"}).json()["items"]
+    assert [e["key"] for e in stored] == ["run-0"]
+
+
+def test_a_report_stored_under_the_shared_lock_redoes_itself_exclusively_when_the_job_changed_meanwhile(
+    admin: TestClient, make_job: Any
+) -> None:
+    """Reports whose events cannot change the job are stored side by side (a shared lock on its row); the route
+    decides from its cached view of the job, and when the row says otherwise the report is stored again under the
+    exclusive lock, so what the event means is applied."""
+    from api.core.db import session_scope
+    from api.models import jobs as job_store
+    from api.services import lifecycle
+
+    job = make_job()
+    trainer = as_trainer(admin, job["token"])
+    running = {"type": "running", "rank": 0, "step": 0, "details": {"restart_count": 0, "iteration": 0}}
+    assert (
+        trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(events=[{**running, "key": "r0"}])).status_code == 200
+    )
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RUNNING"
+    trainer.post(f"/v1/jobs/{job['id']}/reports", json=report())  # the route's cached view: RUNNING
+    with session_scope() as session:  # the supervisor moves the job on; the route's cache does not know yet
+        row = job_store.get(session, job["id"], for_update=True)
+        assert row is not None
+        lifecycle.transition(session, row, lifecycle.JobStatus.RECOVERING)
+    again = trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(events=[{**running, "key": "r1"}]))
+    assert again.status_code == 200 and again.json()["stored"] == 1
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RUNNING"  # applied: RECOVERING -> RUNNING
+
+
+def test_a_nodes_older_liveness_written_late_never_overwrites_a_newer_one(admin: TestClient, make_job: Any) -> None:
+    """The coalescing writer may write a node's row after a later report of the node was stored in its own
+    transaction: node rows are upserted newest-wins, as rank rows are."""
+    from datetime import UTC, datetime
+
+    from api.core.db import session_scope
+    from api.database.tables import NodeLiveness
+    from api.models import nodes
+    from api.schemas.reports import NodeReport
+
+    job_id = make_job()["id"]
+    t0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    unhealthy = report("n1")
+    unhealthy["agent"]["healthy"] = False
+    newer = nodes.node_row(job_id, NodeReport.model_validate(unhealthy), t0 + timedelta(seconds=2))
+    older = nodes.node_row(job_id, NodeReport.model_validate(report("n1")), t0)
+    for row in (newer, older):  # the newer first, as when the writer's flush comes after the transaction
+        with session_scope() as session:
+            nodes.write_nodes(session, [row])
+    with session_scope() as session:
+        (stored,) = session.query(NodeLiveness).filter_by(job_id=job_id).all()
+        assert stored.last_seen == t0 + timedelta(seconds=2) and stored.healthy is False
