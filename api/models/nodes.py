@@ -58,7 +58,9 @@ def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
     (the coalescing writer may write a node's row after a report of its that came later was stored)."""
     if rows:
         connection = session.connection()
-        connection.execute(_node_upsert(connection.dialect.name), rows)
+        # in key order, as every writer of these rows takes them: two writers never wait on each other in a circle
+        ordered = sorted(rows, key=lambda row: (row["job_id"], row["node"]))
+        connection.execute(_node_upsert(connection.dialect.name), ordered)
 
 
 def of_attempt(session: Session, job_id: str, attempt: int) -> list[NodeLiveness]:

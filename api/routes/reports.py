@@ -92,7 +92,7 @@ async def post_report(job_id: str, request: Request) -> Response:
             raise ApiError(
                 503,
                 f"{slots.limit} reports with events are being stored by this server; resend after Retry-After",
-                headers={"Retry-After": str(report_admission.RETRY_AFTER_S)},
+                headers={"Retry-After": str(slots.retry_after(report.agent.interval_s))},
             )
         try:
             exclusive = bool(

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core.config import get_settings
@@ -31,6 +32,7 @@ from api.schemas.events import utcnow
 from api.schemas.reports import NodeReport
 
 log = logging.getLogger(__name__)
+DEADLOCK_DETECTED = "40P01"  # PostgreSQL's SQLSTATE
 
 
 @dataclass
@@ -82,9 +84,7 @@ class LivenessWriter:
             if not pending.nodes and not pending.ranks:
                 return
             try:
-                with self.database() as session, session.begin():
-                    write_nodes(session, list(pending.nodes.values()))
-                    write_ranks(session, list(pending.ranks.values()))
+                self._write(pending)
             except Exception:
                 self.healthy = False
                 with self._lock:  # put back what failed, unless something newer came meanwhile
@@ -94,6 +94,20 @@ class LivenessWriter:
                         self._pending.ranks.setdefault(rank_key, rank)
                 raise
             self.healthy = True
+
+    def _write(self, pending: _Pending) -> None:
+        # Rows are taken in key order by every writer; a deadlock can still come from a writer that does not (an
+        # older process during an upgrade): the database then aborted this transaction, so write it again once.
+        for last_try in (False, True):
+            try:
+                with self.database() as session, session.begin():
+                    write_nodes(session, list(pending.nodes.values()))
+                    write_ranks(session, list(pending.ranks.values()))
+                return
+            except OperationalError as exc:
+                if last_try or getattr(exc.orig, "sqlstate", None) != DEADLOCK_DETECTED:
+                    raise
+                log.info("writing node liveness met a deadlock; writing it again")
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():

@@ -8,14 +8,21 @@ piled onto the queue, and ingest collapsed (bench/RESULTS.md, scale: 3.7 % of no
 So a process runs at most `limit` report transactions at once (its database pool size: more would only
 wait for a connection, each holding a thread). Past that a report is shed: its liveness is taken on the
 fast path (soft state: the node does not go silent meanwhile) and it is answered 503 with Retry-After.
-The agent keeps its events and sends them again after that wait, with its backoff's jitter.
+The agent keeps its events and sends them again after that wait.
+
+The wait grows with the shedding: a shed report costs the API a parse and a liveness write, and 2,048
+agents retrying every second or two spend the cores the transactions need. Retry-After is drawn at
+random (the agents spread out) between 1 s and 1 + (reports shed in the last second) / `limit`, at most
+two report intervals, so that a node's liveness still arrives well inside its heartbeat timeout (at
+least three intervals).
 """
 
 from __future__ import annotations
 
+import collections
+import random
 import threading
-
-RETRY_AFTER_S = 1
+import time
 
 
 class TransactionSlots:
@@ -26,15 +33,28 @@ class TransactionSlots:
         self.in_flight = 0
         self.shed = 0  # reports answered 503 since the process started
         self._lock = threading.Lock()
+        self._recent: collections.deque[float] = collections.deque()  # when the last second's reports were shed
 
     def take(self) -> bool:
         """One slot, or False (and the report counts as shed) when all `limit` are taken."""
         with self._lock:
             if self.in_flight >= self.limit:
                 self.shed += 1
+                now = time.monotonic()
+                self._recent.append(now)
+                while self._recent[0] < now - 1.0:
+                    self._recent.popleft()
                 return False
             self.in_flight += 1
             return True
+
+    def retry_after(self, interval_s: float | None) -> int:
+        """Seconds a shed report's agent should wait (the module's rule), for an agent reporting every
+        `interval_s` (1 s when it does not say)."""
+        with self._lock:
+            shed_last_second = len(self._recent)
+        ceiling = min(2 * (interval_s or 1.0), 1 + shed_last_second / max(1, self.limit))
+        return max(1, round(random.uniform(1, max(1.0, ceiling))))
 
     def give_back(self) -> None:
         with self._lock:

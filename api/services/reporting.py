@@ -69,13 +69,14 @@ def ingest_node_report(session: Session, job: Job, report: NodeReport) -> Report
     if report.attempt < job.attempt:  # a straggler of an attempt already replaced: only its events count
         return ReportResult(stored=len(stored), duplicates=duplicates, accepted=0)
     accepted = 0
+    # the node's row before its ranks' rows, in the order the liveness writer takes them (no deadlock between us)
+    nodes.record(session, job.id, report)
     if report.heartbeats:
         accepted = liveness.record_heartbeats(session, job.id, report.attempt, report.heartbeats)
         notifications.heartbeats_ingested(accepted)
         total = max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
         if total is not None and total != job.total_steps:
             job.total_steps = total
-    nodes.record(session, job.id, report)
     ranks = {r.rank for r in report.agent.ranks} | {b.rank for b in report.heartbeats}
     faults: list[NodeDirective] = []
     if ranks:
