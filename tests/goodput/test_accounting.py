@@ -105,6 +105,24 @@ RESTART_SCENARIO_LOST = {
 }
 
 
+def restart_scenario() -> list[Record]:
+    """test_in_job_restart_with_recompute's history."""
+    return [
+        ev("submitted", 0),
+        *running(10),
+        saved(30, 100),
+        ev("fault_injected", 41, kind="crash", source="control_plane"),
+        ev("rank_failed", 41.2, step=150, cause="RuntimeError", first_to_fail=True),
+        ev("rank_failed", 43, step=150, cause="exit code 1", source="launcher"),
+        ev("injob_restart", 43, step=150, restart_count=1, failed_step=150, source="launcher"),
+        ev("checkpoint_loaded", 49.5, step=100, load_s=0.5),
+        *running(50, 100, restart_count=1),
+        ev("rank_failed", 50.5, step=150, cause="killed by SIGKILL", source="launcher"),
+        saved(70, 200),
+        ev("succeeded", 74),
+    ]
+
+
 def test_in_job_restart_with_recompute() -> None:
     """Training from 10; save at step 100 (30..31); a crash injected at 41 (step 150 would be reached then);
     rank 0 fails in the collective at 41.2 (its report: detection); the launcher's observation of the crash
@@ -116,22 +134,7 @@ def test_in_job_restart_with_recompute() -> None:
     restart 41.2..50 = 8.8; run 2 redoes 150 - 100 = 50 steps = 10 s (50..60: recompute), productive
     60..70 = 10, stall 70..71; shutdown 71..74 = 3. Total 74.
     """
-    g = run(
-        [
-            ev("submitted", 0),
-            *running(10),
-            saved(30, 100),
-            ev("fault_injected", 41, kind="crash", source="control_plane"),
-            ev("rank_failed", 41.2, step=150, cause="RuntimeError", first_to_fail=True),
-            ev("rank_failed", 43, step=150, cause="exit code 1", source="launcher"),
-            ev("injob_restart", 43, step=150, restart_count=1, failed_step=150, source="launcher"),
-            ev("checkpoint_loaded", 49.5, step=100, load_s=0.5),
-            *running(50, 100, restart_count=1),
-            ev("rank_failed", 50.5, step=150, cause="killed by SIGKILL", source="launcher"),
-            saved(70, 200),
-            ev("succeeded", 74),
-        ]
-    )
+    g = run(restart_scenario())
     assert_partition(g)
     assert g.wall_s == 74
     assert lost(g) == RESTART_SCENARIO_LOST
@@ -148,20 +151,7 @@ def test_the_launchers_timed_cycles_split_initialization_and_restart_without_mov
     """The in-job restart scenario with two nodes' launchers timing their cycles (NVRx 0.5+): each phase is the
     slowest node's; attempt 0's cycle 0 is initialization, its cycle 1 and a later attempt's cycle 0 restarts.
     The buckets are those of the scenario without them."""
-    history = [
-        ev("submitted", 0),
-        *running(10),
-        saved(30, 100),
-        ev("fault_injected", 41, kind="crash", source="control_plane"),
-        ev("rank_failed", 41.2, step=150, cause="RuntimeError", first_to_fail=True),
-        ev("rank_failed", 43, step=150, cause="exit code 1", source="launcher"),
-        ev("injob_restart", 43, step=150, restart_count=1, failed_step=150, source="launcher"),
-        ev("checkpoint_loaded", 49.5, step=100, load_s=0.5),
-        *running(50, 100, restart_count=1),
-        ev("rank_failed", 50.5, step=150, cause="killed by SIGKILL", source="launcher"),
-        saved(70, 200),
-        ev("succeeded", 74),
-    ]
+    history = restart_scenario()
     timed = [
         cycle(2, 0, "a", rendezvous=3.0, health_check=0.5, worker_start=1.0),
         cycle(2, 0, "b", rendezvous=3.5, health_check=0.25, worker_start=0.5),
