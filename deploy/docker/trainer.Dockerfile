@@ -29,7 +29,9 @@ FROM ${BASE_IMAGE}
 
 ARG INSTALL_EFA=1
 ARG EFA_INSTALLER_VERSION=1.47.0
-ARG NVRX_VERSION=0.4.1
+# NVRx 0.7.0: the version the CUDA tests and GPU benchmarks ran (bench/RESULTS.md, gpu); hot spares
+# (resiliency.spare_nodes) need 0.6 or later. Its wheel is for Python 3.12 and glibc 2.39 (NGC 25.x).
+ARG NVRX_VERSION=0.7.0
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 RUN if [ "$EFA_INSTALLER_VERSION" = "latest" ]; then \
