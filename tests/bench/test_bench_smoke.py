@@ -69,7 +69,13 @@ def test_scale_smoke(tmp_path: Path) -> None:
     assert f["job"]["status"] == "SUCCEEDED" and f["events"]["lost"] == 0 and f["faults"]
     assert f["ingest"]["node_beats_offered"] > 0 and f["ingest"]["accepted"] > 0 and f["duties"]["duties"]
     assert f["faults"][0]["kind"] == "silent_node" and f["detection"]["silent_nodes"][0]["escalated_s"] is not None
-    assert abs(f["goodput"]["ettr"] - f["goodput"]["truth_ettr"]) < 0.05
+    g = f["goodput"]
+    # Here the resumed run never saves: by goodput's rule (api/services/goodput) the tail of a succeeded job whose
+    # last run has no checkpoint stays productive, while the simulator knows it as shutdown. That tail is the job's
+    # end as the real local job and the duties see it, longer on a busy machine: allow for it, nothing else.
+    shutdown = g["buckets"]["shutdown"]
+    unseen_tail = shutdown["truth"] if shutdown["ftplane"] == 0 else 0.0
+    assert abs(g["ettr"] - g["truth_ettr"]) < 0.05 + unseen_tail / g["truth_wall_s"], g["buckets"]
 
 
 def test_gpu_efficiency_section_smoke_on_cpu(tmp_path: Path) -> None:
