@@ -12,7 +12,7 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from api.database.tables import RankLiveness
-from api.models.upsert import upsert
+from api.models.upsert import newest_wins, upsert
 from api.schemas.events import HeartbeatIn, utcnow
 
 
@@ -54,9 +54,7 @@ def _rank_upsert(dialect: str) -> Any:
         RankLiveness.__table__,
         ["job_id", "rank"],
         _RANK_COLUMNS,
-        lambda old, new: (
-            (old.attempt < new.attempt) | ((old.attempt == new.attempt) & (old.last_seen <= new.last_seen))
-        ),
+        newest_wins,
     )
 
 

@@ -6,11 +6,11 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
-from api.models.upsert import upsert
+from api.models.upsert import newest_wins, upsert
 from api.schemas.events import utcnow
 from api.schemas.reports import NodeReport
 
@@ -45,12 +45,8 @@ def _node_upsert(dialect: str) -> Any:
         NodeLiveness.__table__,
         ["job_id", "node"],
         _NODE_COLUMNS,
-        _newer,
+        newest_wins,
     )
-
-
-def _newer(old: Any, new: Any) -> Any:
-    return or_(old.attempt < new.attempt, and_(old.attempt == new.attempt, old.last_seen <= new.last_seen))
 
 
 def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:

@@ -29,3 +29,8 @@ def upsert(dialect: str, table: Any, keys: list[str], columns: tuple[str, ...], 
     return stmt.on_conflict_do_update(
         index_elements=keys, set_={c: stmt.excluded[c] for c in columns}, where=newer(table.c, stmt.excluded)
     )
+
+
+def newest_wins(old: Any, new: Any) -> Any:
+    """The liveness rows' rule: a newer attempt wins, then within one attempt the later `last_seen`."""
+    return (old.attempt < new.attempt) | ((old.attempt == new.attempt) & (old.last_seen <= new.last_seen))

@@ -141,33 +141,18 @@ def test_protocol_refuses_what_it_cannot_read() -> None:
 # ft_launcher's timed cycle events as NVRx 0.7.0 logs them (shared_utils/profiling.py), for a start and one
 # in-job restart; 0.7 does not install on this Python, so a stand-in launcher prints them.
 PROFILED_LAUNCHER = """
-lines = '''\
-[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: rendezvous_started Node: vm_1 Rank: None \
-Time: 2026-12-03 10:00:00.000 UTC
-[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: health_check_completed Node: vm_1 Rank: \
-None Time: 2026-12-03 10:00:00.400 UTC
-[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: rendezvous_completed Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:00:01.500 UTC
-[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: worker_start_started Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:00:01.600 UTC
-[INFO] [vm] [workload:?(?) infra:?(?)] profiling.py:93   - Cycle: 0 Event: worker_start_completed Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:00:02.100 UTC
-[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: failure_detected Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:05:00.000 UTC
-[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: worker_terminated Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:05:03.250 UTC
-[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: rendezvous_started Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:05:03.300 UTC
-[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: health_check_completed Node: vm_1 Rank: \
-0 Time: 2026-12-03 10:05:03.500 UTC
-[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: rendezvous_completed Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:05:05.300 UTC
-[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: worker_start_started Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:05:05.300 UTC
-[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: 1 Event: worker_start_completed Node: vm_1 Rank: 0 \
-Time: 2026-12-03 10:05:06.000 UTC
-'''
-print(lines, flush=True)
+cycles = [
+    (0, "rendezvous_started", "10:00:00.000"), (0, "health_check_completed", "10:00:00.400"),
+    (0, "rendezvous_completed", "10:00:01.500"), (0, "worker_start_started", "10:00:01.600"),
+    (0, "worker_start_completed", "10:00:02.100"),
+    (1, "failure_detected", "10:05:00.000"), (1, "worker_terminated", "10:05:03.250"),
+    (1, "rendezvous_started", "10:05:03.300"), (1, "health_check_completed", "10:05:03.500"),
+    (1, "rendezvous_completed", "10:05:05.300"), (1, "worker_start_started", "10:05:05.300"),
+    (1, "worker_start_completed", "10:05:06.000"),
+]
+for cycle, event, at in cycles:
+    print(f"[INFO] [vm] [workload:0(0) infra:?(?)] profiling.py:93   - Cycle: {cycle} Event: {event} Node: vm_1 "
+          f"Rank: 0 Time: 2026-12-03 {at} UTC", flush=True)
 """
 
 
