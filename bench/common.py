@@ -232,7 +232,8 @@ def _busy_seconds() -> float:
 @dataclass
 class Load:
     """Closed loop: `concurrency` connections, each posting back to back, until `duration_s` or
-    `max_requests`. Body i is `template` with b"@STEP@" and b"@TS@" filled in (fresh per request)."""
+    `max_requests`. Body i is `template` with b"@STEP@" and b"@TS@" filled in (fresh per request), and
+    b"@KEY@" with a fresh unique id."""
 
     url: str
     path: str
@@ -305,6 +306,8 @@ async def _drive(load: Load, report: Callable[[Any], None]) -> LoadResult:
         async def one(i: int) -> tuple[float, int]:
             body = load.templates[i % len(load.templates)]
             body = body.replace(b"@STEP@", str(i).encode()).replace(b"@TS@", _now_iso().encode())
+            if b"@KEY@" in body:
+                body = body.replace(b"@KEY@", uuid.uuid4().hex.encode())
             t = time.perf_counter()
             data = body if load.method != "GET" else None
             async with session.request(load.method, load.path, data=data) as response:

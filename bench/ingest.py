@@ -9,6 +9,8 @@ job's own trainer token. Modes, one after the other against the same server:
   report      POST /v1/jobs/{id}/reports: one node agent's report (node liveness and its 8 ranks'
               heartbeats, no events), each from the next of the 2,048 nodes, fresh `ts` and `step`
   heartbeats  POST /v1/jobs/{id}/heartbeats with the same 8 heartbeats (the per-rank route, for reference)
+  events      POST /v1/jobs/{id}/reports: the same report with its 8 ranks' `running` events (fresh keys),
+              what every node sends as a job starts or restarts: the event path, stored before the reply
 
 Figures per mode: requests/s and rank-beats/s accepted, p50/p99 request latency, CPU of the API
 and of PostgreSQL and the load generator in cores over the measured window only (the generator's
@@ -62,6 +64,7 @@ MODES = {
     "healthz": Mode("healthz", "GET", 0),
     "report": Mode("report", "POST", RANKS_PER_NODE),
     "heartbeats": Mode("heartbeats", "POST", RANKS_PER_NODE),
+    "events": Mode("events", "POST", RANKS_PER_NODE),
 }
 
 
@@ -94,8 +97,17 @@ def beats(node: int) -> str:
     )
 
 
-def report_bodies() -> list[bytes]:
-    """One node agent's report per node, as trainer/agent/uplink.py sends it (no events)."""
+def running_events(node: int) -> str:
+    """The node's ranks' `running` events, keyed afresh per request (@KEY@): each is stored, none a resend."""
+    return ",".join(
+        f'{{"key":"run:@KEY@:{r}","type":"running","ts":"@TS@","rank":{r},"node":"node-{node:04d}","step":0,'
+        f'"details":{{"restart_count":0,"iteration":0,"start_step":0,"world_size":{NODES * RANKS_PER_NODE}}}}}'
+        for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
+    )
+
+
+def report_bodies(*, events: bool = False) -> list[bytes]:
+    """One node agent's report per node, as trainer/agent/uplink.py sends it (no events, or its ranks' `running`)."""
     out = []
     for node in range(NODES):
         ranks = ",".join(
@@ -103,7 +115,10 @@ def report_bodies() -> list[bytes]:
             for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
         )
         agent = f'{{"pid":1,"launcher":{{"pid":2,"alive":true}},"ranks":[{ranks}],"progress":"sdk","interval_s":8.0}}'
-        body = f'{{"attempt":0,"node":"node-{node:04d}","agent":{agent},"heartbeats":[{beats(node)}],"events":[]}}'
+        body = (
+            f'{{"attempt":0,"node":"node-{node:04d}","agent":{agent},"heartbeats":[{beats(node)}],'
+            f'"events":[{running_events(node) if events else ""}]}}'
+        )
         out.append(body.encode())
     return out
 
@@ -145,6 +160,7 @@ def run_database(kind: str, args: argparse.Namespace) -> list[Outcome]:
                     "healthz": ("/healthz", [b""]),
                     "report": (f"/v1/jobs/{job_id}/reports", report_bodies()),
                     "heartbeats": (f"/v1/jobs/{job_id}/heartbeats", heartbeat_bodies()),
+                    "events": (f"/v1/jobs/{job_id}/reports", report_bodies(events=True)),
                 }
                 for name in args.modes.split(","):
                     mode = MODES[name]

@@ -57,7 +57,8 @@ def store(session: Session, job: Job, events: Sequence[EventIn]) -> list[Event]:
 
 
 # One statement per batch on PostgreSQL: the events travel as one JSON array (json, not jsonb: details keep their
-# text), where a multi-VALUES insert cost a SQL compilation and 10 bound parameters per event.
+# text), where a multi-VALUES insert cost a SQL compilation and 10 bound parameters per event. It returns the new
+# rows whole, so they need no second query.
 _INSERT_POSTGRESQL = text(
     """
     INSERT INTO events (job_id, attempt, type, ts, received_at, rank, node, step, details, key)
@@ -70,7 +71,7 @@ _INSERT_POSTGRESQL = text(
     ) WITH ORDINALITY AS u(attempt, type, ts, rank, node, step, details, key, n)
     ORDER BY u.n
     ON CONFLICT (job_id, key) DO NOTHING
-    RETURNING id
+    RETURNING events.*
     """
 )
 
@@ -90,10 +91,8 @@ def _store_postgresql(session: Session, job: Job, events: Sequence[EventIn], rec
         for e in events
     ]
     params = {"job_id": job.id, "received_at": received_at, "rows": json.dumps(rows)}
-    ids = list(session.execute(_INSERT_POSTGRESQL, params).scalars())
-    if not ids:
-        return []
-    return list(session.scalars(select(Event).where(Event.id.in_(ids)).order_by(Event.id)))
+    stored = session.scalars(select(Event).from_statement(_INSERT_POSTGRESQL), params).all()
+    return sorted(stored, key=lambda e: e.id)
 
 
 def record(session: Session, job: Job, event: EventIn) -> Event | None:

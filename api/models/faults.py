@@ -68,17 +68,24 @@ def request(
 
 
 def undelivered(
-    session: Session, job_id: str, attempt: int, delivery: Delivery, *, ranks: Collection[int] | None = None
-) -> Sequence[PendingFault]:
+    session: Session,
+    job_id: str,
+    attempt: int,
+    delivery: Delivery | Collection[Delivery],
+    *,
+    ranks: Collection[int] | None = None,
+) -> list[PendingFault]:
+    """The attempt's faults not yet handed over by `delivery` (one, or several: the agent's first)."""
+    deliveries = [delivery] if isinstance(delivery, Delivery) else list(delivery)
     query = select(PendingFault).where(
         PendingFault.job_id == job_id,
         PendingFault.attempt == attempt,
-        PendingFault.delivery == delivery.value,
+        PendingFault.delivery.in_([d.value for d in deliveries]),
         PendingFault.delivered_at.is_(None),
     )
     if ranks is not None:
         query = query.where(PendingFault.rank.in_(list(ranks)))
-    return session.scalars(query).all()
+    return sorted(session.scalars(query), key=lambda f: f.delivery != Delivery.agent)
 
 
 def jobs_with_undelivered(session: Session, delivery: Delivery, job_statuses: Collection[str]) -> list[str]:

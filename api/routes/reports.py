@@ -3,7 +3,8 @@ operators read back."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -44,7 +45,15 @@ from api.schemas.events import (
     utcnow,
 )
 from api.schemas.reports import NodeOut, NodeReport, ReportResult
-from api.services import lifecycle, liveness_writer, notifications, report_admission, report_gate, reporting
+from api.services import (
+    group_commit,
+    lifecycle,
+    liveness_writer,
+    notifications,
+    report_admission,
+    report_gate,
+    reporting,
+)
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["reports"])
 
@@ -65,7 +74,7 @@ async def post_report(job_id: str, request: Request) -> Response:
     The reply carries the faults for the node's ranks.
 
     Events are stored before the reply (an acknowledged event is stored). Liveness is soft state: it is written
-    within `FTPLANE_LIVENESS_FLUSH_S` of the reply (see api/services/liveness_writer.py)."""
+    within `FTPLANE_LIVENESS_FLUSH_S` of the reply (see api/services/liveness_writer.py), with or without events."""
     principal = await _reporter(request, job_id)
     within_limit(principal, "reports")
     try:
@@ -86,27 +95,80 @@ async def post_report(job_id: str, request: Request) -> Response:
     total = _total_steps(report)
     new_total = total is not None and total != state.total_steps
     if report.events or report.attempt > state.attempt or state.fault_ranks & ranks or new_total:
-        slots = report_admission.slots(get_settings().db_pool_size)
-        if not slots.take():  # shed: the liveness now, the events when the agent resends them
-            await _take_liveness(writer, job_id, report, state.attempt)
-            raise ApiError(
-                503,
-                f"{slots.limit} reports with events are being stored by this server; resend after Retry-After",
-                headers={"Retry-After": str(slots.retry_after(report.agent.interval_s))},
+        exclusive = bool(
+            report.attempt > state.attempt
+            or state.fault_ranks & ranks
+            or new_total
+            or lifecycle.changes_job(state.status, (e.type for e in report.events))
+        )
+        # faults of a new attempt are not in the cached state; else a fault asked for meanwhile waits for the next
+        # report, as it does on the fast path (report_gate.JOB_STATE_TTL_S)
+        look_for_faults = bool(state.fault_ranks & ranks) or report.attempt != state.attempt
+        outcome = None
+        if not exclusive:  # stored with other nodes' reports in one transaction (or, where it cannot be, alone)
+            outcome = await _admitted(
+                "grouped", GROUPED_LIMIT, writer, job_id, report, state.attempt, _store_grouped, look_for_faults
             )
-        try:
-            exclusive = bool(
-                report.attempt > state.attempt
-                or state.fault_ranks & ranks
-                or new_total
-                or lifecycle.changes_job(state.status, (e.type for e in report.events))
+        if outcome is None:
+            outcome = await _admitted(
+                "alone",
+                get_settings().db_pool_size,
+                writer,
+                job_id,
+                report,
+                state.attempt,
+                _store_alone,
+                look_for_faults,
+                exclusive,
             )
-            result = await run_in_threadpool(_ingest_in_transaction, job_id, report, exclusive)
-        finally:
-            slots.give_back()
+        assert outcome is not None  # stored alone: a result or an error
+        result, attempt = outcome
+        result.accepted = await _take_liveness(writer, job_id, report, attempt)
         return Response(result.model_dump_json(), media_type="application/json")
     accepted = await _take_liveness(writer, job_id, report, state.attempt)
     return Response(f'{{"stored":0,"duplicates":0,"accepted":{accepted},"faults":[]}}', media_type="application/json")
+
+
+GROUPED_LIMIT = 4 * group_commit.MAX_REPORTS  # reports waiting for a group commit per process, past that shed
+
+
+async def _admitted(
+    kind: str,
+    limit: int,
+    writer: liveness_writer.LivenessWriter,
+    job_id: str,
+    report: NodeReport,
+    attempt: int,
+    store: Callable[..., Awaitable[group_commit.Outcome]],
+    *args: Any,
+) -> group_commit.Outcome:
+    """`store(job_id, report, *args)` in one of the process's slots of `kind`; with none free the report is shed: its
+    liveness taken now, 503 with Retry-After, its events sent again by the agent (api/services/report_admission.py)."""
+    slots = report_admission.slots(kind, limit)
+    if not slots.take():
+        await _take_liveness(writer, job_id, report, attempt)
+        raise ApiError(
+            503,
+            f"{slots.limit} reports with events are being stored by this server; resend after Retry-After",
+            headers={"Retry-After": str(slots.retry_after(report.agent.interval_s))},
+        )
+    try:
+        return await store(job_id, report, *args)
+    finally:
+        slots.give_back()
+
+
+async def _store_grouped(job_id: str, report: NodeReport, look_for_faults: bool) -> group_commit.Outcome:
+    answer = group_commit.group_commit().submit(job_id, report, look_for_faults=look_for_faults)
+    return await asyncio.wrap_future(answer)
+
+
+async def _store_alone(
+    job_id: str, report: NodeReport, look_for_faults: bool, exclusive: bool
+) -> tuple[ReportResult, int]:
+    return await run_in_threadpool(
+        _ingest_in_transaction, job_id, report, exclusive=exclusive, look_for_faults=look_for_faults
+    )
 
 
 def _total_steps(report: NodeReport) -> int | None:
@@ -114,8 +176,9 @@ def _total_steps(report: NodeReport) -> int | None:
 
 
 async def _take_liveness(writer: liveness_writer.LivenessWriter, job_id: str, report: NodeReport, attempt: int) -> int:
-    """The fast path: the report's liveness and heartbeats into the coalescing writer (soft state)."""
-    if report.attempt != attempt:
+    """The report's liveness and heartbeats into the coalescing writer (soft state), unless it is of an attempt
+    older than the job's `attempt`."""
+    if report.attempt < attempt:
         return 0
     if writer.period_s <= 0:  # written at once (no coalescing): a database write, off the event loop
         accepted = await run_in_threadpool(writer.add, job_id, report)
@@ -129,19 +192,21 @@ class _RowWouldChange(Exception):
     """Under the shared lock, the job's row turned out to need changing: store the report again, exclusively."""
 
 
-def _ingest_in_transaction(job_id: str, report: NodeReport, exclusive: bool) -> ReportResult:
+def _ingest_in_transaction(
+    job_id: str, report: NodeReport, *, exclusive: bool, look_for_faults: bool
+) -> tuple[ReportResult, int]:
     """The report's events (and what they mean), faults to hand over, a new attempt or total: stored before the
-    reply. The job's row is locked exclusively when the report may change it, else shared (reports of many nodes
-    at once, none while the supervisor changes the job)."""
-    # No flush of the coalescing writer first: its rows are upserted newest-wins (api/models/nodes.py, liveness.py),
-    # so a node's older row it writes later cannot overwrite this report's.
+    reply; returns that and the job's attempt. The job's row is locked exclusively when the report may change it,
+    else shared (reports of many nodes at once, none while the supervisor changes the job)."""
     try:
-        return _store_report(job_id, report, exclusive=exclusive)
+        return _store_report(job_id, report, exclusive=exclusive, look_for_faults=look_for_faults)
     except _RowWouldChange:
-        return _store_report(job_id, report, exclusive=True)
+        return _store_report(job_id, report, exclusive=True, look_for_faults=look_for_faults)
 
 
-def _store_report(job_id: str, report: NodeReport, *, exclusive: bool) -> ReportResult:
+def _store_report(
+    job_id: str, report: NodeReport, *, exclusive: bool, look_for_faults: bool
+) -> tuple[ReportResult, int]:
     with session_scope() as session:
         job = job_store.get(session, job_id, for_update=exclusive, for_share=not exclusive)
         if job is None:
@@ -154,10 +219,11 @@ def _store_report(job_id: str, report: NodeReport, *, exclusive: bool) -> Report
             or (total is not None and total != job.total_steps)
         ):
             raise _RowWouldChange
-        result = reporting.ingest_node_report(session, job, report)
+        result = reporting.ingest_node_report(session, job, report, look_for_faults=look_for_faults)
+        attempt = job.attempt
     if exclusive or result.faults:
         report_gate.forget_job(job_id)  # its status, attempt, total or pending faults may have changed
-    return result
+    return result, attempt
 
 
 async def _reporter(request: Request, job_id: str) -> Principal:

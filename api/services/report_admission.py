@@ -6,7 +6,9 @@ a start or a restart every rank's `running` event comes within a second or two: 
 piled onto the queue, and ingest collapsed (bench/RESULTS.md, scale: 3.7 % of node beats delivered).
 
 So a process runs at most `limit` report transactions at once (its database pool size: more would only
-wait for a connection, each holding a thread). Past that a report is shed: its liveness is taken on the
+wait for a connection, each holding a thread), and keeps at most `limit` reports waiting for a group commit
+(api/services/group_commit.py: those are stored many to a transaction, so that limit is larger).
+Past that a report is shed: its liveness is taken on the
 fast path (soft state: the node does not go silent meanwhile) and it is answered 503 with Retry-After.
 The agent keeps its events and sends them again after that wait.
 
@@ -61,14 +63,16 @@ class TransactionSlots:
             self.in_flight -= 1
 
 
-_slots: TransactionSlots | None = None
+_slots: dict[str, TransactionSlots] = {}
 _slots_lock = threading.Lock()
 
 
-def slots(limit: int) -> TransactionSlots:
-    """This process's slots (made on first use with `limit`, the settings' database pool size)."""
-    global _slots
+def slots(kind: str, limit: int) -> TransactionSlots:
+    """This process's slots of `kind` (made on first use with `limit`): "alone", reports stored each in a
+    transaction of its own (the settings' database pool size); "grouped", reports waiting for a group commit
+    (api/services/group_commit.py)."""
     with _slots_lock:
-        if _slots is None or _slots.limit != limit:
-            _slots = TransactionSlots(limit)
-        return _slots
+        held = _slots.get(kind)
+        if held is None or held.limit != limit:
+            held = _slots[kind] = TransactionSlots(limit)
+        return held

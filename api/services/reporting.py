@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from api.database.tables import Event, Job, PendingFault
 from api.models import events as event_store
 from api.models import faults as fault_outbox
-from api.models import liveness, nodes
+from api.models import liveness
 from api.schemas.events import (
     MAX_EVENTS_PER_BATCH,
     EventBatch,
@@ -59,34 +59,40 @@ def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tupl
     return accepted, faults
 
 
-def ingest_node_report(session: Session, job: Job, report: NodeReport) -> ReportResult:
-    """One node agent's report: its events, its ranks' heartbeats and its liveness; the reply hands it the faults
-    for its ranks (those it carries out are marked delivered as they go: at most once)."""
+def ingest_node_report(session: Session, job: Job, report: NodeReport, *, look_for_faults: bool = True) -> ReportResult:
+    """What of one node agent's report must be stored before the reply: its events (and what they mean) and a new
+    total of steps; the reply hands it the faults for its ranks. Its liveness is soft state, the caller's to hand to
+    the liveness writer. `look_for_faults` False skips the query for faults when the caller knows none waits."""
     stored: list[Event] = []
     duplicates = 0
     if report.events:
         stored, duplicates = ingest_events(session, job, EventBatch(events=report.events))
     if report.attempt < job.attempt:  # a straggler of an attempt already replaced: only its events count
         return ReportResult(stored=len(stored), duplicates=duplicates, accepted=0)
-    accepted = 0
-    # the node's row before its ranks' rows, in the order the liveness writer takes them (no deadlock between us)
-    nodes.record(session, job.id, report)
-    if report.heartbeats:
-        accepted = liveness.record_heartbeats(session, job.id, report.attempt, report.heartbeats)
-        notifications.heartbeats_ingested(accepted)
-        total = max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
-        if total is not None and total != job.total_steps:
-            job.total_steps = total
+    total = max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
+    if total is not None and total != job.total_steps:
+        job.total_steps = total
+    faults = faults_to_hand_over(session, job, report) if look_for_faults else []
+    return ReportResult(stored=len(stored), duplicates=duplicates, accepted=0, faults=faults)
+
+
+def faults_to_hand_over(session: Session, job: Job, report: NodeReport) -> list[NodeDirective]:
+    """The faults waiting for the report's ranks: the agent's are marked delivered as they are handed over (at most
+    once), the ranks' own ride on every reply until a rank reports one injected."""
     ranks = {r.rank for r in report.agent.ranks} | {b.rank for b in report.heartbeats}
-    faults: list[NodeDirective] = []
-    if ranks:
-        for delivery in (fault_outbox.Delivery.agent, fault_outbox.Delivery.trainer):
-            pending = fault_outbox.undelivered(session, job.id, report.attempt, delivery, ranks=ranks)
-            if delivery == fault_outbox.Delivery.agent:
-                fault_outbox.mark_delivered(pending)
-            by: Literal["agent", "trainer"] = "agent" if delivery == fault_outbox.Delivery.agent else "trainer"
-            faults += [NodeDirective(**directive(f), delivery=by) for f in pending]
-    return ReportResult(stored=len(stored), duplicates=duplicates, accepted=accepted, faults=faults)
+    if not ranks or report.attempt < job.attempt:
+        return []
+    pending = fault_outbox.undelivered(
+        session, job.id, report.attempt, (fault_outbox.Delivery.agent, fault_outbox.Delivery.trainer), ranks=ranks
+    )
+    fault_outbox.mark_delivered([f for f in pending if f.delivery == fault_outbox.Delivery.agent])
+    return [NodeDirective(**directive(f), delivery=_DELIVERED_BY[f.delivery]) for f in pending]
+
+
+_DELIVERED_BY: dict[str, Literal["agent", "trainer"]] = {
+    fault_outbox.Delivery.agent.value: "agent",
+    fault_outbox.Delivery.trainer.value: "trainer",
+}
 
 
 def directive(fault: PendingFault) -> dict[str, Any]:

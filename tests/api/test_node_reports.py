@@ -263,7 +263,7 @@ def test_past_the_transaction_slots_a_report_is_shed_its_liveness_kept_its_event
     job = make_job()
     trainer = as_trainer(admin, job["token"])
     full = report_admission.TransactionSlots(0)
-    monkeypatch.setattr(report_admission, "slots", lambda limit: full)
+    monkeypatch.setattr(report_admission, "slots", lambda kind, limit: full)
     events = [{"key": "run-0", "type": "checkpoint_saved", "step": 10, "details": {"step": 10}}]
     body = report("n7", events=events, heartbeats=[{"rank": 0, "step": 10}])
     shed = trainer.post(f"/v1/jobs/{job['id']}/reports", json=body)
