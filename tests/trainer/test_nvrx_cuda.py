@@ -15,7 +15,8 @@ machine with NVRx 0.7, the version the CUDA path expects (pyproject's `gpu` extr
   skipped and deleted, and training resumes from the one before;
 - the real trainer under the node agent and ft_launcher, one GPU rank that hangs: the rank monitor says
   it got heartbeats ("Did not get subsequent heartbeat", not "initial"), and the agent reports the
-  in-job restart as a hang from that line.
+  in-job restart as a hang from that line, and each launcher cycle from NVRx's timed lines and its
+  cycle records.
 """
 
 from __future__ import annotations
@@ -359,3 +360,13 @@ def test_nvrx_heartbeats_reach_the_rank_monitor(receiver: Receiver, launch: Call
     [restart] = receiver.of_type("injob_restart")  # the agent, from the launcher's own line (0.4.1 and 0.6+ forms)
     details = restart["details"]
     assert details["cause_class"] == "hang" and details["silent_s"] == heartbeat_timeout, details
+
+    # NVRx 0.7's own account of each launcher cycle: its timed phases (profiling lines) and its cycle records
+    cycles = receiver.of_type("launcher_cycle")
+    print("launcher cycles:", json.dumps([e["details"] for e in cycles]))
+    timed = {e["details"]["cycle"]: e["details"]["phases"] for e in cycles if e["details"]["source"] == "launcher"}
+    assert sorted(timed) == [0, 1] and {"rendezvous", "worker_start"} <= timed[1].keys(), cycles
+    recorded = {
+        (e["details"]["cycle"], "ended_at" in e["details"]) for e in cycles if e["details"]["source"] != "launcher"
+    }
+    assert {(0, False), (0, True), (1, False)} <= recorded, cycles

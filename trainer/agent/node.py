@@ -28,6 +28,7 @@ from typing import IO, Any
 from trainer.agent import exit_codes, faults, protocol
 from trainer.agent.channel import RankChannel
 from trainer.agent.config import AgentConfig, socket_path
+from trainer.agent.cycle_info import CycleInfoReader, with_cycle_info
 from trainer.agent.gpu import GpuMonitor
 from trainer.agent.launcher_output import (
     PREFIX_TEMPLATE,
@@ -93,6 +94,7 @@ class NodeAgent:
         os.chmod(config.run_dir, 0o700)  # the socket and the launcher log are this node's alone
         self.socket_path = socket_path(config.run_dir)
         self.channel = RankChannel(self.socket_path, self._on_rank_message)
+        self.cycle_records = CycleInfoReader(config.run_dir / "nvrx")
         self.launcher: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
         self._log: IO[bytes] | None = None
@@ -134,9 +136,10 @@ class NodeAgent:
             }
         )
         self._log = open(self.config.run_dir / "launcher.log", "ab", buffering=0)  # noqa: SIM115
-        log.info("node %s: starting %s", self.config.node, " ".join(self.config.command))
+        command = with_cycle_info(self.config.command, self.cycle_records.directory)
+        log.info("node %s: starting %s", self.config.node, " ".join(command))
         return subprocess.Popen(
-            self.config.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
 
     def _wait_for_launcher(self) -> int:
@@ -197,6 +200,7 @@ class NodeAgent:
                 self.output.rank_of_local[process.local_rank] = process.rank
                 self.state.rounds_seen.setdefault(process.restart_count, (time.monotonic(), utcnow_iso()))
         self._announce_runs()
+        self._announce_cycle_records()
         devices = self.gpus.read()
         reason = self.gpus.unhealthy_reason(devices)
         if reason is not None:
@@ -224,6 +228,18 @@ class NodeAgent:
                 step=max(start, 0),
                 key=f"running:{self.config.node}:a{self.config.attempt}:r{count}",
                 details={"restart_count": count, "iteration": 0, "start_step": max(start, 0), "source": "agent"},
+            )
+
+    def _announce_cycle_records(self) -> None:
+        """NVRx's own record of each launcher cycle (written on the rendezvous host only): one `launcher_cycle` as the
+        cycle starts (its active and standby nodes) and one as it ends."""
+        for record in self.cycle_records.new():
+            end = "end" if record.ended else "start"
+            self.uplink.event(
+                "launcher_cycle",
+                key=f"cycle_info:{self.config.job_id}:a{self.config.attempt}:{record.attempt_index}:c{record.cycle}:{end}",
+                ts=(record.ended or record.started) or None,
+                details=record.details(),
             )
 
     def _status(
