@@ -76,7 +76,18 @@ ReporterDep = Annotated[Principal, Depends(require_reporter)]
 def within_limit(principal: Principal, endpoint: str) -> Principal:
     """The principal, when its token has not used up its rate limit on this ingest endpoint (else 429)."""
     limiter = ratelimit.ingest_limiter()
-    wait = limiter.take(f"{principal.token_id}:{endpoint}") if limiter else 0.0
+    _refuse_past_limit(endpoint, limiter.take(f"{principal.token_id}:{endpoint}") if limiter else 0.0)
+    return principal
+
+
+async def within_limit_async(principal: Principal, endpoint: str) -> Principal:
+    """`within_limit` for a route on the event loop."""
+    limiter = ratelimit.ingest_limiter()
+    _refuse_past_limit(endpoint, await limiter.take_async(f"{principal.token_id}:{endpoint}") if limiter else 0.0)
+    return principal
+
+
+def _refuse_past_limit(endpoint: str, wait: float) -> None:
     if wait > 0:
         seconds = ratelimit.retry_after(wait)
         raise ApiError(
@@ -84,7 +95,6 @@ def within_limit(principal: Principal, endpoint: str) -> Principal:
             f"this token sent {endpoint} faster than its rate limit; retry in {seconds} s",
             headers={"Retry-After": str(seconds)},
         )
-    return principal
 
 
 def within_ingest_limit(endpoint: str) -> Callable[[Principal], Principal]:

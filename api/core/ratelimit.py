@@ -22,10 +22,12 @@ each process falls back to its own buckets rather than refusing reports.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,6 +44,10 @@ MAX_IDLE_BUCKETS = 10_000
 class Limiter(Protocol):
     def take(self, key: str, cost: float = 1.0) -> float:
         """Take `cost` from the bucket `key`: 0 when allowed, else the seconds until it would be."""
+        ...
+
+    async def take_async(self, key: str, cost: float = 1.0) -> float:
+        """`take` for a route on the event loop: waiting for Redis never blocks the loop's other requests."""
         ...
 
 
@@ -78,6 +84,9 @@ class TokenBuckets:
                 return 0.0
             return (cost - bucket.tokens) / self.rate
 
+    async def take_async(self, key: str, cost: float = 1.0) -> float:
+        return self.take(key, cost)
+
     def _forget_full(self, now: float) -> None:
         full = [k for k, b in self._buckets.items() if b.tokens + (now - b.updated) * self.rate >= self.burst]
         for key in full:
@@ -112,8 +121,11 @@ class RedisTokenBuckets:
         self.prefix = prefix
         self.retry_after_s = retry_after_s
         self.fallback = TokenBuckets(rate, burst)
+        self.url = url
         self._client: Any = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
         self._script: Any = self._client.register_script(_TAKE_SCRIPT)
+        # an asyncio client belongs to the loop it first ran on: one per loop (a test's client makes loops of its own)
+        self._async_scripts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self._down_until = 0.0
 
     def take(self, key: str, cost: float = 1.0) -> float:
@@ -129,6 +141,31 @@ class RedisTokenBuckets:
                     self.retry_after_s,
                 )
         return self.fallback.take(key, cost)
+
+    async def take_async(self, key: str, cost: float = 1.0) -> float:
+        now = time.monotonic()
+        if now >= self._down_until:
+            try:
+                script = self._async_script()
+                return float(await script(keys=[f"{self.prefix}{key}"], args=[self.rate, self.burst, cost]))
+            except Exception as exc:
+                self._down_until = now + self.retry_after_s
+                log.warning(
+                    "rate limits: Redis unreachable (%s); limiting in this process for %.0f s",
+                    type(exc).__name__,
+                    self.retry_after_s,
+                )
+        return self.fallback.take(key, cost)
+
+    def _async_script(self) -> Any:
+        import redis.asyncio
+
+        loop = asyncio.get_running_loop()
+        script = self._async_scripts.get(loop)
+        if script is None:
+            client = redis.asyncio.Redis.from_url(self.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            script = self._async_scripts[loop] = client.register_script(_TAKE_SCRIPT)
+        return script
 
 
 def ingest_limiter() -> Limiter | None:

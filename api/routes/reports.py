@@ -25,7 +25,7 @@ from api.deps import (
     SessionDep,
     bearer_token,
     require_reporter,
-    within_limit,
+    within_limit_async,
 )
 from api.models import events as event_store
 from api.models import jobs as job_store
@@ -76,7 +76,7 @@ async def post_report(job_id: str, request: Request) -> Response:
     Events are stored before the reply (an acknowledged event is stored). Liveness is soft state: it is written
     within `FTPLANE_LIVENESS_FLUSH_S` of the reply (see api/services/liveness_writer.py), with or without events."""
     principal = await _reporter(request, job_id)
-    within_limit(principal, "reports")
+    await within_limit_async(principal, "reports")
     try:
         report = NodeReport.model_validate_json(await request.body())
     except ValidationError as exc:

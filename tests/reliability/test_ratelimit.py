@@ -6,6 +6,7 @@ job makes (simulated on a fake clock, request by request) and check the 429 itse
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -203,4 +204,29 @@ def test_an_unreachable_redis_never_refuses_reports() -> None:
     started = time.monotonic()
     assert [limiter.take("t") for _ in range(3)] == [0, 0, 0]  # this process's own buckets take over
     assert limiter.take("t") > 0
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.redis
+def test_the_report_routes_async_take_shares_the_bucket_of_the_sync_one() -> None:
+    """The node-report route takes from the bucket on the event loop (redis.asyncio), the other routes in a thread:
+    one bucket per token whichever way, and from loops one after another (a client per loop)."""
+    url = require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")
+    prefix = f"ftplane-test-{uuid.uuid4().hex[:8]}:ratelimit:"
+    limiter = RedisTokenBuckets(url, rate=1, burst=5, prefix=prefix)
+    waits = [asyncio.run(limiter.take_async("job-token:reports")) for _ in range(3)]  # three loops
+    waits += [limiter.take("job-token:reports") for _ in range(2)]
+    assert waits == [0, 0, 0, 0, 0]
+    assert 0 < asyncio.run(limiter.take_async("job-token:reports")) <= 1.0
+
+
+def test_an_unreachable_redis_never_refuses_reports_on_the_event_loop_either() -> None:
+    limiter = RedisTokenBuckets("redis://127.0.0.1:1/0", rate=1, burst=3, prefix="x:")
+
+    async def four() -> list[float]:
+        return [await limiter.take_async("t") for _ in range(4)]
+
+    started = time.monotonic()
+    waits = asyncio.run(four())
+    assert waits[:3] == [0, 0, 0] and waits[3] > 0  # this process's own buckets take over
     assert time.monotonic() - started < 5
