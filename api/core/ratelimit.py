@@ -15,9 +15,14 @@ the largest job sends (a reporter stuck in a loop, a leaked token).
 
 One process: buckets live in memory (a lock and a dict entry per token). With several API
 processes, each keeps its own buckets unless FTPLANE_REDIS_URL is set: a token could then send up
-to N times the limit through N processes. With Redis, all processes share one bucket per token (one
-round trip per ingest request, atomic in a Lua script, Redis's clock); while Redis is unreachable,
-each process falls back to its own buckets rather than refusing reports.
+to N times the limit through N processes. With Redis, all processes share one bucket per token
+(atomic in a Lua script, Redis's clock): one round trip per request on the events and heartbeats
+routes. The node-report route, on the event loop, takes tokens in leases of up to MAX_LEASE (an
+eighth of the burst at most) and serves its requests from the lease: one round trip per lease,
+not waited for by the requests the lease covers. The bucket is never overdrawn: a lease is spent a
+little after it was taken, and what of it a process never spends is lost to the token (at most one
+lease per process and token). While Redis is unreachable, each process falls back to its own
+buckets rather than refusing reports.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ log = logging.getLogger(__name__)
 
 # Buckets kept in memory before full (idle) ones are dropped; a full bucket is the same as none.
 MAX_IDLE_BUCKETS = 10_000
+# Tokens an API process takes from a shared bucket at once for the node-report route (at most an eighth of the burst)
+MAX_LEASE = 32
 
 
 class Limiter(Protocol):
@@ -127,6 +134,10 @@ class RedisTokenBuckets:
         # an asyncio client belongs to the loop it first ran on: one per loop (a test's client makes loops of its own)
         self._async_scripts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self._down_until = 0.0
+        # tokens this process took from a bucket ahead of its requests (take_async): a lease per key
+        self.lease_size = float(max(1, min(MAX_LEASE, int(burst) // 8)))
+        self._leases: dict[str, float] = {}
+        self._lease_lock = threading.Lock()
 
     def take(self, key: str, cost: float = 1.0) -> float:
         now = time.monotonic()
@@ -143,6 +154,22 @@ class RedisTokenBuckets:
         return self.fallback.take(key, cost)
 
     async def take_async(self, key: str, cost: float = 1.0) -> float:
+        """From this process's lease on the bucket while it lasts; else a new lease of `lease_size` tokens from
+        Redis (one round trip per lease, not per request); else, near the limit, this request's own token."""
+        with self._lease_lock:
+            held = self._leases.get(key, 0.0)
+            if held >= cost:
+                self._leases[key] = held - cost
+                return 0.0
+        if self.lease_size > cost and await self._take_from_redis(key, self.lease_size) == 0:
+            with self._lease_lock:
+                if len(self._leases) >= MAX_IDLE_BUCKETS:
+                    self._leases.clear()
+                self._leases[key] = self._leases.get(key, 0.0) + self.lease_size - cost
+            return 0.0
+        return await self._take_from_redis(key, cost)
+
+    async def _take_from_redis(self, key: str, cost: float) -> float:
         now = time.monotonic()
         if now >= self._down_until:
             try:

@@ -81,9 +81,7 @@ async def post_report(job_id: str, request: Request) -> Response:
         report = NodeReport.model_validate_json(await request.body())
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from None
-    found, state = report_gate.cached_job(job_id)
-    if not found:
-        state = await run_in_threadpool(report_gate.load_job, job_id)
+    state = await report_gate.job_state(job_id)
     if state is None:
         raise ApiError(404, f"no job with id {job_id!r}", field="job_id")
     if state.ended and not report.events:
@@ -233,9 +231,7 @@ async def _reporter(request: Request, job_id: str) -> Principal:
     token = bearer_token(request)
     if not token:
         raise ApiError(401, "missing bearer token: send 'Authorization: Bearer <token>'", headers=_CHALLENGE)
-    found, principal = report_gate.cached_principal(token)
-    if not found:
-        principal = await run_in_threadpool(report_gate.load_principal, token)
+    principal = await report_gate.principal(token)
     if principal is None:
         raise ApiError(401, "invalid or revoked token", headers=_CHALLENGE)
     return require_reporter(job_id, principal)

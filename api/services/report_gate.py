@@ -9,6 +9,9 @@ is and what state the job is in would cost more than the report itself. So:
   JOB_STATE_TTL_S: a job that ended takes reports that carry no events for at most that long
   more, and a new fault reaches its node's agent at most that long later.
 
+A cache miss loads once per process at a time: the requests that miss together (each second, hundreds)
+wait for that one load instead of each running its own.
+
 Anything a report changes besides liveness (events, a new attempt, a fault to hand over, the
 total steps) goes through the database in a transaction of its own, which then forgets the
 job's cached state.
@@ -16,11 +19,15 @@ job's cached state.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from cachetools import TTLCache
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
 from api.core.config import get_settings
 from api.core.db import session_scope
@@ -28,6 +35,8 @@ from api.core.security import digest
 from api.database.tables import ApiToken, Job, PendingFault
 from api.models.tokens import Principal
 from api.services import lifecycle
+
+T = TypeVar("T")
 
 JOB_STATE_TTL_S = 1.0
 MAX_CACHED = 10_000
@@ -97,6 +106,35 @@ def load_job(job_id: str) -> JobState | None:
     with _lock:
         _jobs[job_id] = state
     return state
+
+
+async def job_state(job_id: str) -> JobState | None:
+    """The job's state, from the cache or loaded (once for all the requests that miss it together)."""
+    found, state = cached_job(job_id)
+    if found:
+        return state
+    return await _load_once(f"job:{job_id}", load_job, job_id)
+
+
+async def principal(token: str) -> Principal | None:
+    """The token's principal, from the cache or loaded (once for all the requests that miss it together)."""
+    found, held = cached_principal(token)
+    if found:
+        return held
+    return await _load_once(f"token:{digest(token)}", load_principal, token)
+
+
+_in_flight: dict[tuple[int, str], asyncio.Future[Any]] = {}
+
+
+async def _load_once(key: str, load: Callable[[str], T], argument: str) -> T:
+    slot = (id(asyncio.get_running_loop()), key)  # futures belong to their loop (a test's client runs loops of its own)
+    pending = _in_flight.get(slot)
+    if pending is None:
+        pending = asyncio.ensure_future(run_in_threadpool(load, argument))
+        _in_flight[slot] = pending
+        pending.add_done_callback(lambda _: _in_flight.pop(slot, None))
+    return cast(T, await asyncio.shield(pending))
 
 
 def forget_job(job_id: str) -> None:

@@ -230,3 +230,20 @@ def test_an_unreachable_redis_never_refuses_reports_on_the_event_loop_either() -
     waits = asyncio.run(four())
     assert waits[:3] == [0, 0, 0] and waits[3] > 0  # this process's own buckets take over
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.redis
+def test_the_report_route_takes_tokens_in_leases_and_never_overdraws_the_bucket() -> None:
+    url = require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")
+    prefix = f"ftplane-test-{uuid.uuid4().hex[:8]}:ratelimit:"
+    reports = RedisTokenBuckets(url, rate=0.001, burst=64, prefix=prefix)  # no refill within the test
+    assert reports.lease_size == 8
+    assert asyncio.run(reports.take_async("job-token")) == 0  # one round trip: a lease of 8
+    other_process = RedisTokenBuckets(url, rate=0.001, burst=64, prefix=prefix)
+    assert sum(other_process.take("job-token") == 0 for _ in range(60)) == 56  # the bucket held 64 - 8
+
+    async def eight() -> list[float]:
+        return [await reports.take_async("job-token") for _ in range(8)]
+
+    waits = asyncio.run(eight())
+    assert waits[:7] == [0] * 7 and waits[7] > 0  # the lease's other 7, then the bucket is empty: 64 in all
