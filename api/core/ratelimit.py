@@ -140,17 +140,11 @@ class RedisTokenBuckets:
         self._lease_lock = threading.Lock()
 
     def take(self, key: str, cost: float = 1.0) -> float:
-        now = time.monotonic()
-        if now >= self._down_until:
+        if time.monotonic() >= self._down_until:
             try:
                 return float(self._script(keys=[f"{self.prefix}{key}"], args=[self.rate, self.burst, cost]))
             except Exception as exc:  # a limiter must never be the reason reports are refused
-                self._down_until = now + self.retry_after_s
-                log.warning(
-                    "rate limits: Redis unreachable (%s); limiting in this process for %.0f s",
-                    type(exc).__name__,
-                    self.retry_after_s,
-                )
+                self._unreachable(exc)
         return self.fallback.take(key, cost)
 
     async def take_async(self, key: str, cost: float = 1.0) -> float:
@@ -170,19 +164,22 @@ class RedisTokenBuckets:
         return await self._take_from_redis(key, cost)
 
     async def _take_from_redis(self, key: str, cost: float) -> float:
-        now = time.monotonic()
-        if now >= self._down_until:
+        if time.monotonic() >= self._down_until:
             try:
                 script = self._async_script()
                 return float(await script(keys=[f"{self.prefix}{key}"], args=[self.rate, self.burst, cost]))
             except Exception as exc:
-                self._down_until = now + self.retry_after_s
-                log.warning(
-                    "rate limits: Redis unreachable (%s); limiting in this process for %.0f s",
-                    type(exc).__name__,
-                    self.retry_after_s,
-                )
+                self._unreachable(exc)
         return self.fallback.take(key, cost)
+
+    def _unreachable(self, exc: Exception) -> None:
+        """This process's own buckets stand in for `retry_after_s`."""
+        self._down_until = time.monotonic() + self.retry_after_s
+        log.warning(
+            "rate limits: Redis unreachable (%s); limiting in this process for %.0f s",
+            type(exc).__name__,
+            self.retry_after_s,
+        )
 
     def _async_script(self) -> Any:
         import redis.asyncio

@@ -90,7 +90,7 @@ async def post_report(job_id: str, request: Request) -> Response:
     if not writer.healthy:
         raise ApiError(503, "the database is unavailable; retry shortly", headers={"Retry-After": "1"})
     ranks = {r.rank for r in report.agent.ranks} | {b.rank for b in report.heartbeats}
-    total = _total_steps(report)
+    total = reporting.total_steps(report)
     new_total = total is not None and total != state.total_steps
     if report.events or report.attempt > state.attempt or state.fault_ranks & ranks or new_total:
         exclusive = bool(
@@ -102,11 +102,10 @@ async def post_report(job_id: str, request: Request) -> Response:
         # faults of a new attempt are not in the cached state; else a fault asked for meanwhile waits for the next
         # report, as it does on the fast path (report_gate.JOB_STATE_TTL_S)
         look_for_faults = bool(state.fault_ranks & ranks) or report.attempt != state.attempt
-        outcome = None
-        if not exclusive:  # stored with other nodes' reports in one transaction (or, where it cannot be, alone)
-            outcome = await _admitted(
-                "grouped", GROUPED_LIMIT, writer, job_id, report, state.attempt, _store_grouped, look_for_faults
-            )
+        # stored with other nodes' reports in one transaction; alone where the batch could not take it
+        outcome = await _admitted(
+            "grouped", GROUPED_LIMIT, writer, job_id, report, state.attempt, _store_grouped, look_for_faults, exclusive
+        )
         if outcome is None:
             outcome = await _admitted(
                 "alone",
@@ -156,8 +155,10 @@ async def _admitted(
         slots.give_back()
 
 
-async def _store_grouped(job_id: str, report: NodeReport, look_for_faults: bool) -> group_commit.Outcome:
-    answer = group_commit.group_commit().submit(job_id, report, look_for_faults=look_for_faults)
+async def _store_grouped(
+    job_id: str, report: NodeReport, look_for_faults: bool, exclusive: bool
+) -> group_commit.Outcome:
+    answer = group_commit.group_commit().submit(job_id, report, look_for_faults=look_for_faults, exclusive=exclusive)
     return await asyncio.wrap_future(answer)
 
 
@@ -167,10 +168,6 @@ async def _store_alone(
     return await run_in_threadpool(
         _ingest_in_transaction, job_id, report, exclusive=exclusive, look_for_faults=look_for_faults
     )
-
-
-def _total_steps(report: NodeReport) -> int | None:
-    return max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
 
 
 async def _take_liveness(writer: liveness_writer.LivenessWriter, job_id: str, report: NodeReport, attempt: int) -> int:
@@ -211,7 +208,7 @@ def _store_report(
             raise ApiError(404, f"no job with id {job_id!r}", field="job_id")
         if job.status in lifecycle.TERMINAL and not report.events:
             raise ApiError(409, f"job is {job.status}; it takes no more reports", field="job_id")
-        total = _total_steps(report)
+        total = reporting.total_steps(report)
         if not exclusive and (
             lifecycle.changes_job(job.status, (e.type for e in report.events))
             or (total is not None and total != job.total_steps)

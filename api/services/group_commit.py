@@ -1,17 +1,19 @@
-"""Node reports whose events cannot change their job, stored many to a transaction.
+"""Node reports stored many to a transaction (group commit).
 
 After a start or a restart every node sends its ranks' `running` events within a second or two:
 2,048 reports for a 16,384-rank job. Alone, each is a transaction of its own (a row lock, an
 insert, a query for webhook subscriptions, a commit: about 6 ms of the API's CPU, bench/RESULTS.md
-ingest). Such a report cannot change its job's row (`lifecycle.changes_job`), so one thread per
-process takes every report waiting, up to MAX_REPORTS, and stores them together: each job's row
-locked shared once, all its reports' events in one statement, announced once, one commit. Each
-report's reply then says what of its own was stored.
+ingest). So one thread per process takes every report waiting, up to MAX_REPORTS, and stores them
+together: each job's row locked once, all its reports' events in one statement (what they mean
+applied in order, as for one report), announced once, one commit. Each report's reply then says what
+of its own was stored. The row is locked shared when, as the route saw the job, none of the job's
+reports can change it (`exclusive` False: then the batches of several API processes run side by
+side), else exclusively.
 
 The guarantee is the one of a report stored alone: its reply comes only after the transaction that
-stored its events has committed. A report the batch finds would change its job after all, and every
-report of a batch that failed, is answered None: its caller stores it alone, so one bad report never
-fails the others.
+stored its events has committed. A report the batch finds would change its job after all (the
+route's cached view was stale) and every report of a batch that failed are answered None: the caller
+stores each alone, so one bad report never fails the others.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class _Waiting:
     job_id: str
     report: NodeReport
     look_for_faults: bool
+    exclusive: bool = False  # may change the job's row (the route's view): the job's row is locked exclusively
     answer: Future[Outcome] = field(default_factory=Future)
 
 
@@ -56,10 +59,12 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def submit(self, job_id: str, report: NodeReport, *, look_for_faults: bool) -> Future[Outcome]:
-        """Queue a report (its events must not change its job in the status the caller saw); the future is
-        answered once its transaction has committed, or with None (store it alone), or with an ApiError."""
-        waiting = _Waiting(job_id, report, look_for_faults)
+    def submit(
+        self, job_id: str, report: NodeReport, *, look_for_faults: bool, exclusive: bool = False
+    ) -> Future[Outcome]:
+        """Queue a report; the future is answered once its transaction has committed, or with None (store it
+        alone), or with an ApiError."""
+        waiting = _Waiting(job_id, report, look_for_faults, exclusive)
         self._waiting.put(waiting)
         self._ensure_thread()
         return waiting.answer
@@ -83,13 +88,19 @@ class GroupCommit:
     def store(self, batch: list[_Waiting]) -> None:
         """Store `batch` in one transaction and answer each of its reports."""
         outcomes: dict[_Waiting, Outcome | ApiError] = {}
+        locked_exclusively = set()
         try:
             with session_scope() as session:
-                for job_id, reports in itertools.groupby(sorted(batch, key=lambda w: w.job_id), lambda w: w.job_id):
-                    outcomes.update(_store_job(session, job_id, list(reports)))
+                for job_id, group in itertools.groupby(sorted(batch, key=lambda w: w.job_id), lambda w: w.job_id):
+                    reports = list(group)
+                    if any(w.exclusive for w in reports):
+                        locked_exclusively.add(job_id)
+                    outcomes.update(_store_job(session, job_id, reports, exclusive=job_id in locked_exclusively))
         except Exception:
             log.exception("a batch of %d reports failed; each is stored alone", len(batch))
-            outcomes = dict.fromkeys(batch)
+            outcomes, locked_exclusively = dict.fromkeys(batch), set()
+        for job_id in locked_exclusively:
+            report_gate.forget_job(job_id)  # its status, attempt, total or pending faults may have changed
         for waiting in batch:
             outcome = outcomes[waiting]
             if isinstance(outcome, ApiError):
@@ -100,16 +111,21 @@ class GroupCommit:
                 waiting.answer.set_result(outcome)
 
 
-def _store_job(session: Session, job_id: str, reports: list[_Waiting]) -> dict[_Waiting, Outcome | ApiError]:
-    job = job_store.get(session, job_id, for_share=True)
+def _store_job(
+    session: Session, job_id: str, reports: list[_Waiting], *, exclusive: bool
+) -> dict[_Waiting, Outcome | ApiError]:
+    job = job_store.get(session, job_id, for_update=exclusive, for_share=not exclusive)
     if job is None:
         return {w: ApiError(404, f"no job with id {job_id!r}", field="job_id") for w in reports}
     outcomes: dict[_Waiting, Outcome | ApiError] = {}
     together = []
     for waiting in reports:
-        total = max((b.total_steps for b in waiting.report.heartbeats if b.total_steps), default=None)
-        if lifecycle.changes_job(job.status, (e.type for e in waiting.report.events)) or (
-            total is not None and total != job.total_steps
+        total = reporting.total_steps(waiting.report)
+        if job.status in lifecycle.TERMINAL and not waiting.report.events:
+            outcomes[waiting] = ApiError(409, f"job is {job.status}; it takes no more reports", field="job_id")
+        elif not exclusive and (
+            lifecycle.changes_job(job.status, (e.type for e in waiting.report.events))
+            or (total is not None and total != job.total_steps)
         ):
             outcomes[waiting] = None  # its events would change the job's row: stored alone, under an exclusive lock
         else:
@@ -120,6 +136,9 @@ def _store_job(session: Session, job_id: str, reports: list[_Waiting]) -> dict[_
         keys = {e.key for e in waiting.report.events}
         mine = keys & new_keys
         new_keys -= mine  # a key sent twice in the batch is stored by the first report that carried it
+        total = reporting.total_steps(waiting.report)
+        if total is not None and waiting.report.attempt >= job.attempt:
+            job.total_steps = total  # under the shared lock it is the job's already (another was handed back)
         faults = reporting.faults_to_hand_over(session, job, waiting.report) if waiting.look_for_faults else []
         result = ReportResult(stored=len(mine), duplicates=len(keys) - len(mine), accepted=0, faults=faults)
         outcomes[waiting] = (result, job.attempt)

@@ -69,11 +69,16 @@ def ingest_node_report(session: Session, job: Job, report: NodeReport, *, look_f
         stored, duplicates = ingest_events(session, job, EventBatch(events=report.events))
     if report.attempt < job.attempt:  # a straggler of an attempt already replaced: only its events count
         return ReportResult(stored=len(stored), duplicates=duplicates, accepted=0)
-    total = max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
+    total = total_steps(report)
     if total is not None and total != job.total_steps:
         job.total_steps = total
     faults = faults_to_hand_over(session, job, report) if look_for_faults else []
     return ReportResult(stored=len(stored), duplicates=duplicates, accepted=0, faults=faults)
+
+
+def total_steps(report: NodeReport) -> int | None:
+    """The job's total steps as the report's ranks know it, if they say."""
+    return max((b.total_steps for b in report.heartbeats if b.total_steps), default=None)
 
 
 def faults_to_hand_over(session: Session, job: Job, report: NodeReport) -> list[NodeDirective]:

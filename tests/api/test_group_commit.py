@@ -80,6 +80,37 @@ def test_a_report_that_would_change_its_job_is_handed_back_the_others_stored(adm
     assert events_of(job["id"]) == {"a": 1, "c1": 1}
 
 
+def test_reports_that_change_their_job_are_stored_together_under_the_exclusive_lock(
+    admin: TestClient, make_job: Any
+) -> None:
+    """After a restart every node's `running` finds the job RECOVERING: the route marks them exclusive, the batch
+    locks the row exclusively, stores them all and applies what they mean once (RECOVERING -> RUNNING)."""
+    job = running_job(admin, make_job)
+    with session_scope() as session:
+        row = job_store.get(session, job["id"], for_update=True)
+        assert row is not None
+        lifecycle.transition(session, row, lifecycle.JobStatus.RECOVERING)
+    batch = [waiting(job["id"], f"n{n}", [running(f"r{n}", n)]) for n in range(3)]
+    for w in batch:
+        w.exclusive = True
+    GroupCommit().store(batch)
+    assert [w.answer.result(timeout=0)[0].stored for w in batch] == [1, 1, 1]  # type: ignore[index]
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RUNNING"
+
+
+def test_a_report_without_events_for_an_ended_job_is_a_409(admin: TestClient, make_job: Any) -> None:
+    job = running_job(admin, make_job)
+    with session_scope() as session:
+        row = job_store.get(session, job["id"], for_update=True)
+        assert row is not None
+        lifecycle.transition(session, row, lifecycle.JobStatus.CANCELLED)
+    late = _Waiting(job["id"], NodeReport.model_validate(report("n0")), look_for_faults=True, exclusive=True)
+    GroupCommit().store([late])
+    with pytest.raises(ApiError) as ended:
+        late.answer.result(timeout=0)
+    assert ended.value.status == 409
+
+
 def test_a_failed_batch_stores_nothing_and_hands_every_report_back(
     admin: TestClient, make_job: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
