@@ -86,7 +86,9 @@ class GroupCommit:
             self.store(batch)
 
     def store(self, batch: list[_Waiting]) -> None:
-        """Store `batch` in one transaction and answer each of its reports."""
+        """Store `batch` in one transaction and answer each of its reports (not those whose request went away
+        before the batch began: their agents send them again)."""
+        batch = [w for w in batch if w.answer.set_running_or_notify_cancel()]
         outcomes: dict[_Waiting, Outcome | ApiError] = {}
         locked_exclusively = set()
         try:

@@ -111,6 +111,16 @@ def test_a_report_without_events_for_an_ended_job_is_a_409(admin: TestClient, ma
     assert ended.value.status == 409
 
 
+def test_a_report_whose_request_went_away_is_not_stored_and_the_others_are_answered(
+    admin: TestClient, make_job: Any
+) -> None:
+    job = running_job(admin, make_job)
+    gone, kept = waiting(job["id"], "n0", [running("r0", 0)]), waiting(job["id"], "n1", [running("r1", 1)])
+    assert gone.answer.cancel()  # what asyncio.wrap_future does when the client disconnects
+    GroupCommit().store([gone, kept])
+    assert kept.answer.result(timeout=0) is not None and events_of(job["id"]) == {"a": 1, "r1": 1}
+
+
 def test_a_failed_batch_stores_nothing_and_hands_every_report_back(
     admin: TestClient, make_job: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
