@@ -113,6 +113,25 @@ def test_a_rank_asking_to_exclude_its_node_makes_the_agent_exit_unhealthy(
     assert nodes(admin, job["id"])[0]["healthy"] is False
 
 
+def test_nvrx_finding_the_node_unhealthy_is_a_node_fault_though_the_launcher_exits_0(
+    admin: TestClient, make_job: Any, live: str, start_agent: Any, tmp_path: Path
+) -> None:
+    """NVRx 0.4.1's ft_launcher exits 0 after its health check found the node unhealthy: the agent reports
+    `node_unhealthy` with NVRx's reason and exits with the unhealthy-node status (a job restart without the node),
+    not 0 (which would read as success)."""
+    script = tmp_path / "unhealthy_launcher.py"
+    script.write_text(
+        "print('[WARNING] [ft_launcher1@vm] GPU health check failed for node vm: GPU 3 is not healthy', flush=True)\n"
+        "print('[ERROR] [ft_launcher1@vm] Agent .run() raised UnhealthyNodeException: Node vm is unhealthy', "
+        "flush=True)\n"
+    )
+    job = submitted_job(admin, make_job)
+    assert start_agent(live, job, [sys.executable, str(script)]).wait(60) == exit_codes.NODE_UNHEALTHY
+    (unhealthy,) = events(admin, job["id"], "node_unhealthy")
+    assert "GPU 3 is not healthy" in unhealthy["details"]["cause"] and unhealthy["details"]["cause_class"] == "node"
+    assert nodes(admin, job["id"])[0]["healthy"] is False
+
+
 def test_the_launchers_verdict_passes_through(start_agent: Any, tmp_path: Path) -> None:
     """ft_launcher's exit 93 (NVRx decided not to restart) is the agent's too; without FTPLANE_URL it reports
     nothing and still supervises."""
