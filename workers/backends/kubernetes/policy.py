@@ -37,7 +37,13 @@ def pod_count(spec: JobSpec) -> int:
 
 
 def failure_policy(spec: JobSpec, *, container: str, efa_check: bool) -> dict[str, Any]:
-    """The Job spec's completion, backoff and podFailurePolicy fields."""
+    """The Job spec's completion, backoff and podFailurePolicy fields.
+
+    A disrupted pod (eviction, drain, spot interruption: the DisruptionTarget condition) is counted, not ignored
+    as Kubeflow's trainer does: `Ignore` would have the Job controller recreate the pod with no bound at all, while
+    the other pods' launchers wait for it in the rendezvous. Here the attempt fails and the control plane restarts
+    the job from its own bounded preemption budget (`resiliency.max_preemptions`, cause `preempted`, never
+    `max_job_restarts`); with spares, the lost index fails alone and a spare takes its place."""
     spares = spec.resiliency.spare_nodes
     node_lost = "FailIndex" if spares else "Count"
     rules: list[dict[str, Any]] = [
