@@ -46,6 +46,9 @@ def _registry() -> referencing.Registry:
 def _validator(kind: str, api_version: str) -> jsonschema.protocols.Validator | None:
     group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
     path = f"kubernetes-json-schema/{SCHEMA_VERSION}/{kind.lower()}-{group_version}.json"
+    schemas = resources.files("kubernetes_validate").joinpath(f"kubernetes-json-schema/{SCHEMA_VERSION}")
+    if not schemas.is_dir():  # never validate nothing in silence: the fake would accept what a real server refuses
+        raise RuntimeError(f"kubernetes-validate has no {SCHEMA_VERSION} schemas: install a newer kubernetes-validate")
     ref = resources.files("kubernetes_validate").joinpath(path)
     if not ref.is_file():
         return None  # a custom resource (Kueue's Workload): no built-in schema
