@@ -155,3 +155,19 @@ def test_auth_disabled_needs_no_login(monkeypatch: pytest.MonkeyPatch, browser: 
     monkeypatch.setenv("FTPLANE_AUTH", "disabled")
     get_settings.cache_clear()
     assert browser.get("/").status_code == 200
+
+
+def test_a_queued_job_shows_its_wait_on_the_lifecycle_lane(
+    browser: TestClient, admin: TestClient, admin_token: str, make_job: Callable[..., dict[str, Any]]
+) -> None:
+    """While Kueue holds the job suspended the backend records `queued`: the job page marks it on the lifecycle
+    lane with the cause, as it does a submission or a run."""
+    job = make_job()
+    cause = "queued in LocalQueue team-a (Kueue has not admitted the workload)"
+    queued = {"key": "k8s:queued:a0", "type": "queued", "details": {"cause": cause, "queue": "team-a"}}
+    assert admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [queued]}).status_code == 200
+    browser.headers.pop("Authorization", None)
+    log_in(browser, admin_token)
+    html = browser.get(f"/jobs/{job['id']}").text
+    (mark,) = re.findall(r'<circle class="mark mark-queued"[^>]*><title>([^<]*)</title>', html)
+    assert "team-a" in mark
