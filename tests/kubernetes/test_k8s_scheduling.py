@@ -79,6 +79,9 @@ def test_a_volume_that_cannot_be_mounted(fake, backend):
     # the Events read were the Job's and its pods', by field selector: never the namespace's
     listed = [r for r in fake.requests if r.path.endswith("/events")]
     assert listed and all(r.query.get("fieldSelector") for r in listed)
+    assert all(r.query.get("resourceVersion") == ["0"] for r in listed)  # from the watch cache, not from etcd
+    pods = [r for r in fake.requests if r.method == "GET" and r.path.endswith("/pods")]
+    assert pods and all(r.query.get("labelSelector") and r.query.get("resourceVersion") == ["0"] for r in pods)
     assert {r.query["fieldSelector"][0].split(",")[0] for r in listed} == {
         "involvedObject.kind=Job",
         "involvedObject.kind=Pod",

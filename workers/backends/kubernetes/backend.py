@@ -159,11 +159,17 @@ class KubernetesBackend:
     def _events(self, view: AttemptView, job: dict[str, Any], ns: str) -> list[dict[str, Any]]:
         """The Job's own Events and those of the pods the view asks about: field-selected, never a namespace's."""
         api = self.api
-        selector = f"involvedObject.kind=Job,involvedObject.uid={job['metadata']['uid']}"
-        events = list(api.read("list events", api.core.list_namespaced_event, ns, field_selector=selector)["items"])
+
+        def listed(selector: str) -> list[dict[str, Any]]:
+            # resourceVersion 0: from the API server's watch cache, as the pods are
+            page = api.read(
+                "list events", api.core.list_namespaced_event, ns, field_selector=selector, resource_version="0"
+            )
+            return list(page["items"])
+
+        events = listed(f"involvedObject.kind=Job,involvedObject.uid={job['metadata']['uid']}")
         for pod in view.event_pods(events):
-            selector = f"involvedObject.kind=Pod,involvedObject.name={pod}"
-            events += api.read("list events", api.core.list_namespaced_event, ns, field_selector=selector)["items"]
+            events += listed(f"involvedObject.kind=Pod,involvedObject.name={pod}")
         return events
 
     def _workload(self, job: dict[str, Any], spec: JobSpec) -> tuple[dict[str, Any] | None, bool]:
