@@ -93,6 +93,7 @@ class GroupCommit:
         locked_exclusively = set()
         try:
             with session_scope() as session:
+                # jobs' rows locked in id order: two processes' batches never wait on each other in a circle
                 for job_id, group in itertools.groupby(sorted(batch, key=lambda w: w.job_id), lambda w: w.job_id):
                     reports = list(group)
                     if any(w.exclusive for w in reports):
