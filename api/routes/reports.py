@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api.core.config import get_settings
-from api.core.db import session_scope
 from api.core.errors import ApiError, responses
 from api.database.tables import Job, NodeLiveness, RankLiveness
 from api.deps import (
@@ -28,7 +27,6 @@ from api.deps import (
     within_limit_async,
 )
 from api.models import events as event_store
-from api.models import jobs as job_store
 from api.models import liveness, nodes
 from api.models.tokens import Principal
 from api.routes.jobs import load_job
@@ -116,7 +114,6 @@ async def post_report(job_id: str, request: Request) -> Response:
                 state.attempt,
                 _store_alone,
                 look_for_faults,
-                exclusive,
             )
         assert outcome is not None  # stored alone: a result or an error
         result, attempt = outcome
@@ -162,12 +159,9 @@ async def _store_grouped(
     return await asyncio.wrap_future(answer)
 
 
-async def _store_alone(
-    job_id: str, report: NodeReport, look_for_faults: bool, exclusive: bool
-) -> tuple[ReportResult, int]:
-    return await run_in_threadpool(
-        _ingest_in_transaction, job_id, report, exclusive=exclusive, look_for_faults=look_for_faults
-    )
+async def _store_alone(job_id: str, report: NodeReport, look_for_faults: bool) -> tuple[ReportResult, int]:
+    """In a transaction of its own, under the exclusive lock (it is the fallback: its view may be stale)."""
+    return await run_in_threadpool(group_commit.store_alone, job_id, report, look_for_faults=look_for_faults)
 
 
 async def _take_liveness(writer: liveness_writer.LivenessWriter, job_id: str, report: NodeReport, attempt: int) -> int:
@@ -181,44 +175,6 @@ async def _take_liveness(writer: liveness_writer.LivenessWriter, job_id: str, re
         accepted = writer.add(job_id, report)
     notifications.heartbeats_ingested(accepted)
     return accepted
-
-
-class _RowWouldChange(Exception):
-    """Under the shared lock, the job's row turned out to need changing: store the report again, exclusively."""
-
-
-def _ingest_in_transaction(
-    job_id: str, report: NodeReport, *, exclusive: bool, look_for_faults: bool
-) -> tuple[ReportResult, int]:
-    """The report's events (and what they mean), faults to hand over, a new attempt or total: stored before the
-    reply; returns that and the job's attempt. The job's row is locked exclusively when the report may change it,
-    else shared (reports of many nodes at once, none while the supervisor changes the job)."""
-    try:
-        return _store_report(job_id, report, exclusive=exclusive, look_for_faults=look_for_faults)
-    except _RowWouldChange:
-        return _store_report(job_id, report, exclusive=True, look_for_faults=look_for_faults)
-
-
-def _store_report(
-    job_id: str, report: NodeReport, *, exclusive: bool, look_for_faults: bool
-) -> tuple[ReportResult, int]:
-    with session_scope() as session:
-        job = job_store.get(session, job_id, for_update=exclusive, for_share=not exclusive)
-        if job is None:
-            raise ApiError(404, f"no job with id {job_id!r}", field="job_id")
-        if job.status in lifecycle.TERMINAL and not report.events:
-            raise ApiError(409, f"job is {job.status}; it takes no more reports", field="job_id")
-        total = reporting.total_steps(report)
-        if not exclusive and (
-            lifecycle.changes_job(job.status, (e.type for e in report.events))
-            or (total is not None and total != job.total_steps)
-        ):
-            raise _RowWouldChange
-        result = reporting.ingest_node_report(session, job, report, look_for_faults=look_for_faults)
-        attempt = job.attempt
-    if exclusive or result.faults:
-        report_gate.forget_job(job_id)  # its status, attempt, total or pending faults may have changed
-    return result, attempt
 
 
 async def _reporter(request: Request, job_id: str) -> Principal:

@@ -148,6 +148,19 @@ def _store_job(
     return outcomes
 
 
+def store_alone(job_id: str, report: NodeReport, *, look_for_faults: bool) -> tuple[ReportResult, int]:
+    """One report in a transaction of its own, the job's row locked exclusively (the fallback of a report a batch
+    handed back); raises the ApiError a batch would have answered."""
+    waiting = _Waiting(job_id, report, look_for_faults, exclusive=True)
+    with session_scope() as session:
+        outcome = _store_job(session, job_id, [waiting], exclusive=True)[waiting]
+    report_gate.forget_job(job_id)  # its status, attempt, total or pending faults may have changed
+    if isinstance(outcome, ApiError):
+        raise outcome
+    assert outcome is not None  # under the exclusive lock nothing is handed back
+    return outcome
+
+
 _group_commit: GroupCommit | None = None
 _group_commit_lock = threading.Lock()
 

@@ -18,7 +18,7 @@ from api.schemas.events import (
     FaultDirective,
     HeartbeatBatch,
 )
-from api.schemas.reports import NodeDirective, NodeReport, ReportResult
+from api.schemas.reports import NodeDirective, NodeReport
 from api.services import lifecycle, notifications
 
 
@@ -57,23 +57,6 @@ def ingest_heartbeats(session: Session, job: Job, batch: HeartbeatBatch) -> tupl
     pending = fault_outbox.undelivered(session, job.id, attempt, fault_outbox.Delivery.trainer, ranks=ranks)
     faults = [FaultDirective.model_validate(directive(f)) for f in pending]
     return accepted, faults
-
-
-def ingest_node_report(session: Session, job: Job, report: NodeReport, *, look_for_faults: bool = True) -> ReportResult:
-    """What of one node agent's report must be stored before the reply: its events (and what they mean) and a new
-    total of steps; the reply hands it the faults for its ranks. Its liveness is soft state, the caller's to hand to
-    the liveness writer. `look_for_faults` False skips the query for faults when the caller knows none waits."""
-    stored: list[Event] = []
-    duplicates = 0
-    if report.events:
-        stored, duplicates = ingest_events(session, job, EventBatch(events=report.events))
-    if report.attempt < job.attempt:  # a straggler of an attempt already replaced: only its events count
-        return ReportResult(stored=len(stored), duplicates=duplicates, accepted=0)
-    total = total_steps(report)
-    if total is not None and total != job.total_steps:
-        job.total_steps = total
-    faults = faults_to_hand_over(session, job, report) if look_for_faults else []
-    return ReportResult(stored=len(stored), duplicates=duplicates, accepted=0, faults=faults)
 
 
 def total_steps(report: NodeReport) -> int | None:
