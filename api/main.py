@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from api.core import errors
+from api.core import errors, heap
 from api.core.config import Settings, get_settings
 from api.core.limits import BodySizeLimit, TextGuard
 from api.core.logging import configure_logging
@@ -37,4 +37,13 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     reports.document(app)
     report_gate.forget_all()  # a new app (tests switch databases) starts with nothing cached
     liveness_writer.reset()
+    return app
+
+
+def create_served_app() -> FastAPI:
+    """The app as `ftplane serve` runs it, in each API process: built, then the process's heap settled
+    (`api/core/heap.py`) before it serves. Tests build apps with `create_app` and leave their process's
+    collector alone."""
+    app = create_app()
+    heap.settle()
     return app

@@ -136,12 +136,13 @@ def uvicorn_api(
     ready_timeout: float = 60,
     env: Mapping[str, str] | None = None,
 ) -> Iterator[ApiServer]:
-    """`uvicorn api.main:create_app` (the API only: no Celery worker, no beat) on a free loopback port."""
+    """`uvicorn api.main:create_served_app` (the API as `ftplane serve` runs it, alone: no Celery worker, no beat) on
+    a free loopback port."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     environment = server_env(database_url, workdir / ".ftplane", **(env or {}))
     log_path = workdir / "uvicorn.log"
-    command = [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory", "--host", "127.0.0.1"]
+    command = [sys.executable, "-m", "uvicorn", "api.main:create_served_app", "--factory", "--host", "127.0.0.1"]
     command += ["--port", str(port), "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
     command += ["--timeout-keep-alive", "75"]  # as ftplane serve: node agents keep their connection
     with log_path.open("wb") as log:

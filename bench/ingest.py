@@ -1,6 +1,6 @@
 """Ingest benchmark: node agents' reports into the API under uvicorn, against GET /healthz of the same server.
 
-A fresh database (PostgreSQL, and the embedded SQLite default), `uvicorn api.main:create_app` (the
+A fresh database (PostgreSQL, and the embedded SQLite default), `uvicorn api.main:create_served_app` (the
 API alone, embedded broker), one job of 2,048 nodes x 8 ranks (kubernetes backend, never launched),
 and a load generator in a separate process (aiohttp, closed loop, keep-alive, loopback) with the
 job's own trainer token. Modes, one after the other against the same server:

@@ -204,7 +204,7 @@ def serve(
     err.print(f"ftplane API on http://{settings.host}:{settings.port} (docs at /docs)")
     try:
         uvicorn.run(
-            "api.main:create_app",
+            "api.main:create_served_app",
             factory=True,
             host=settings.host,
             port=settings.port,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from celery import Celery
+from celery import Celery, signals
 from kombu.transport import sqlalchemy as kombu_sqlalchemy
 
+from api.core import heap
 from api.core.config import Settings, get_settings
 from api.core.queue import celery_config
 
@@ -84,3 +85,11 @@ def configure(app: Celery, settings: Settings) -> None:
 
 
 celery_app = make_celery()
+
+
+@signals.worker_ready.connect
+@signals.beat_init.connect
+def settle_heap(**_: object) -> None:
+    """A started worker or beat settles its heap before its first task or tick (`api/core/heap.py`): a long full
+    collection would stretch a supervision pass."""
+    heap.settle()
