@@ -144,6 +144,47 @@ def test_reports_keep_to_the_interval_and_events_go_at_once() -> None:
     assert [[b["step"] for b in body["heartbeats"]] for body in server.bodies] == [[1], [3]]
 
 
+def test_the_agents_liveness_sets_the_pace_and_goes_at_once_with_the_heartbeats() -> None:
+    """The agent hands over liveness every interval (its loop drifts by its own work); ranks send heartbeats all the
+    while. Each liveness goes at once, none is replaced before it went, and there is one report per liveness."""
+    interval, tick = 8.0, 0.01
+    buffer = ReportBuffer(interval_s=interval)
+    handed: list[tuple[dict[str, Any], float]] = []
+    reports: list[tuple[Report, float]] = []
+    next_status, next_beat, step = 0.0, 0.0, 0
+    for i in range(int(200 / tick)):
+        now = i * tick
+        if now >= next_beat:
+            step += 1
+            buffer.add_heartbeat(beat(0, step))
+            next_beat += 0.5
+        if now >= next_status:
+            status = dict(STATUS)
+            buffer.set_status(status)
+            handed.append((status, now))
+            next_status = now + interval + 0.003  # the agent's observation takes a little time each round
+        if buffer.due_in(now) == 0.0:
+            report = buffer.take(now)
+            buffer.settle(report, Outcome(ok=True), now)
+            reports.append((report, now))
+    sent_at: dict[int, float] = {}
+    for report, at in reports:
+        sent_at.setdefault(id(report.status), at)
+    assert len(reports) == len(handed)
+    for status, at in handed:
+        assert sent_at[id(status)] - at < 2 * tick
+    assert all(report.heartbeats for report, _ in reports)  # the heartbeats ride with the liveness
+
+    alone = ReportBuffer(interval_s=interval)
+    alone.add_heartbeat(beat(0, 1))
+    assert alone.due_in(0.0) == 0.0
+    alone.settle(alone.take(0.0), Outcome(ok=True), 0.0)
+    alone.add_heartbeat(beat(0, 2))
+    assert alone.due_in(1.0) == 2 * interval - 1.0  # no liveness handed over: two intervals after the last report
+    alone.set_status(dict(STATUS))
+    assert alone.due_in(1.0) == 0.0
+
+
 def test_a_failed_report_is_retried_with_backoff_and_the_same_keys_honouring_retry_after() -> None:
     server = Server(
         httpx.Response(503, text="busy"),

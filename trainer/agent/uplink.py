@@ -9,6 +9,11 @@ events queued since the last report. The training side never waits on it:
   once rather than at the next interval;
 - heartbeats and the node's liveness are soft state: only the newest per rank (and the newest
   liveness) is kept, so an outage costs memory for one heartbeat per rank;
+- the agent hands over the node's liveness once an interval, and it is sent at once, with every
+  heartbeat waiting: the agent's clock sets the reports' pace. Had the sender kept a clock of its
+  own, the two would drift into phase, and a liveness handed over just after a report would wait
+  a whole interval, to be replaced by the next one before it went. Heartbeats alone (a sender
+  given no liveness) go two intervals after the last report;
 - 408/425/429/5xx and connection errors are retried with exponential backoff and jitter
   (capped), honouring Retry-After; other 4xx drop what was sent, with a warning: resending
   would never succeed;
@@ -45,6 +50,9 @@ MAX_EVENTS_PER_REPORT = 1000
 MAX_HEARTBEATS_PER_REPORT = 20000
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 MAX_RETRY_AFTER_S = 60.0
+# Heartbeats wait for the liveness the agent hands over every interval; alone, they go this many intervals after the
+# last report (more than one, so that they never go just before the liveness and double the reports).
+HEARTBEATS_ALONE_AFTER_INTERVALS = 2
 
 
 def utcnow_iso() -> str:
@@ -210,9 +218,9 @@ class ReportBuffer:
         """Seconds until a report should be sent (0: now); None when there is nothing to send."""
         if now < self.retry_at:  # a flush skips the wait once (it clears retry_at), not after every failed try
             return self.retry_at - now
-        if self.events:
+        if self.events or self.status_changed:
             return 0.0
-        if self.heartbeats or self.status_changed:
+        if self.heartbeats:
             return 0.0 if flushing else max(self.next_report_at - now, 0.0)
         return None
 
@@ -223,7 +231,7 @@ class ReportBuffer:
         for beat in beats:
             del self.heartbeats[int(beat["rank"])]
         self.status_changed = False
-        self.next_report_at = now + self.interval_s
+        self.next_report_at = now + HEARTBEATS_ALONE_AFTER_INTERVALS * self.interval_s
         return Report(events, beats, self.status)
 
     def settle(self, report: Report, outcome: Outcome, now: float) -> None:
@@ -366,7 +374,7 @@ class Uplink(NodeEvents):
             self._cond.notify()
 
     def status(self, status: dict[str, Any]) -> None:
-        """The node's newest liveness; sent with the next report."""
+        """The node's newest liveness, sent at once (after any backoff wait) with the heartbeats waiting."""
         if not self.enabled:
             return
         with self._cond:
@@ -511,7 +519,7 @@ class AsyncUplink(NodeEvents):
         self._wake.set()
 
     def status(self, status: dict[str, Any]) -> None:
-        """The node's newest liveness; sent with the next report."""
+        """The node's newest liveness, sent at once (after any backoff wait) with the heartbeats waiting."""
         self.buffer.set_status(status)
         self._wake.set()
 
