@@ -58,12 +58,21 @@ API_ERRORS = responses(400, 401, 403, 413, 422, 503)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, field: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+        details: dict[str, Any] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
         self.headers = headers
+        self.details = details  # more of what happened, in the error object next to status and message
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -97,7 +106,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         fields = [{"field": exc.field, "message": exc.message}] if exc.field else None
-        return JSONResponse(status_code=exc.status, content=_body(exc.status, exc.message, fields), headers=exc.headers)
+        body = _body(exc.status, exc.message, fields)
+        body["error"].update(exc.details or {})
+        return JSONResponse(status_code=exc.status, content=body, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

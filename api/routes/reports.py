@@ -137,14 +137,17 @@ async def _admitted(
     *args: Any,
 ) -> group_commit.Outcome:
     """`store(job_id, report, *args)` in one of the process's slots of `kind`; with none free the report is shed: its
-    liveness taken now, 503 with Retry-After, its events sent again by the agent (api/services/report_admission.py)."""
+    liveness taken now, 503 with Retry-After, its events sent again by the agent (api/services/report_admission.py).
+    The 503 says whether the liveness was taken (`liveness_taken`, and `accepted` heartbeats), so that the agent
+    resends only the events."""
     slots = report_admission.slots(kind, limit)
     if not slots.take():
-        await _take_liveness(writer, job_id, report, attempt)
+        accepted = await _take_liveness(writer, job_id, report, attempt)
         raise ApiError(
             503,
-            f"{slots.limit} reports with events are being stored by this server; resend after Retry-After",
+            f"{slots.limit} reports with events are being stored by this server; resend the events after Retry-After",
             headers={"Retry-After": str(slots.retry_after(report.agent.interval_s))},
+            details={"liveness_taken": report.attempt >= attempt, "accepted": accepted},
         )
     try:
         return await store(job_id, report, *args)

@@ -44,6 +44,7 @@ class Tally:
     measuring: bool = False
     ticks: int = 0  # node beats offered
     delivered: int = 0  # (counted until the agents stop, past the window: a beat offered in it may arrive after)
+    delivered_by_shed: int = 0  # of those, by a 503 that said the liveness was taken (its events shed, resent)
     superseded: int = 0
     posts: int = 0
     accepted: int = 0
@@ -142,6 +143,8 @@ class SimNode:
             ledger.accepted.update(keys)
             self._delivered(report.status)  # also after the window: a beat offered in it may be delivered later
             self.disturbed = self.network.cut
+        elif outcome.liveness_taken:  # a busy server shed the events but took the liveness, and said so
+            self._delivered(report.status, by_shed=True)
         elif not outcome.retry:
             ledger.refused.update(keys)
         if not tally.measuring:
@@ -156,7 +159,7 @@ class SimNode:
             tally.refused += not outcome.retry
             tally.reasons[outcome.reason.split(":")[0][:40]] += 1
 
-    def _delivered(self, status: dict[str, Any] | None) -> None:
+    def _delivered(self, status: dict[str, Any] | None, by_shed: bool = False) -> None:
         if not any(handed is status for handed, _, _ in self.handed):
             return
         now = time.monotonic()
@@ -164,6 +167,7 @@ class SimNode:
             handed, at, counted = self.handed.popleft()
             if handed is status:
                 self.fleet.tally.delivered += counted
+                self.fleet.tally.delivered_by_shed += counted and by_shed
                 if counted and self.fleet.tally.measuring:
                     self.fleet.tally.beat_age_s.append(now - at)
                 return

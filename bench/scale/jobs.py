@@ -202,7 +202,17 @@ def merged(runs: list[JobRun]) -> Fleet:
     t: Tally = total.tally
     for run in runs:
         s = run.fleet.tally
-        for name in ("ticks", "delivered", "superseded", "posts", "accepted", "retried", "refused", "rank_beats"):
+        for name in (
+            "ticks",
+            "delivered",
+            "delivered_by_shed",
+            "superseded",
+            "posts",
+            "accepted",
+            "retried",
+            "refused",
+            "rank_beats",
+        ):
             setattr(t, name, getattr(t, name) + getattr(s, name))
         for name in ("post_s", "post_events_s", "beat_age_s", "lag_s"):
             getattr(t, name).extend(getattr(s, name))

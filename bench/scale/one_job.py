@@ -85,6 +85,7 @@ def ingest_figures(fleet: Fleet, window: Window, baseline: dict[str, Any], nodes
         "offered_of_scheduled": tally.ticks / scheduled,
         "node_beats_offered": tally.ticks,
         "node_beats_delivered": tally.delivered,
+        "node_beats_delivered_by_shed": tally.delivered_by_shed,
         "node_beats_superseded": tally.superseded,
         # never carried by an accepted report, even by the agents' last flush: not delivered either
         "node_beats_unsettled": tally.ticks - tally.delivered - tally.superseded,

@@ -101,7 +101,8 @@ def duties_table(d: dict[str, Any]) -> str:
 def goals(ingest: dict[str, Any], cpu: dict[str, float], lost: int) -> list[str]:
     return [
         f"- node beats delivered {ingest['delivered_fraction'] * 100:.2f} % of offered (goal ≥ 99.9 %; "
-        f"{ingest['node_beats_superseded']:,} superseded, {ingest['node_beats_unsettled']:,} never delivered): "
+        f"{ingest['node_beats_superseded']:,} superseded, {ingest['node_beats_unsettled']:,} never delivered; "
+        f"{ingest.get('node_beats_delivered_by_shed', 0):,} delivered by a 503 that said the liveness was taken): "
         f"{mark(ingest['delivered_fraction'] >= GOAL_DELIVERED)}",
         f"- report p99 {ingest['all_p99_ms']:.0f} ms over every report, {ingest['p99_ms']:.0f} ms over those without "
         f"events (goal < 100 ms): {mark(ingest['all_p99_ms'] < GOAL_P99_MS)}",

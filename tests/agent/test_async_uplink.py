@@ -14,7 +14,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from tests.agent.conftest import events, submitted_job
-from trainer.agent.uplink import AsyncUplink, Outcome, Report, ReportBuffer, Uplink
+from trainer.agent.uplink import AsyncUplink, Outcome, Report, ReportBuffer, Uplink, classify
 
 JOB = "job-1"
 STATUS = {"pid": 10, "launcher": {"pid": 11, "alive": True}, "ranks": [], "progress": "sdk", "healthy": True}
@@ -205,6 +205,31 @@ def test_a_failed_report_is_retried_with_backoff_and_the_same_keys_honouring_ret
     gaps = [b - a for a, b in zip(server.times, server.times[1:], strict=False)]
     assert gaps[0] >= 0.025 and gaps[1] >= 0.05  # backoff: base/2 .. base, then doubled
     assert gaps[2] >= 0.39  # Retry-After outranks a shorter backoff
+
+
+def test_a_shed_report_whose_liveness_was_taken_sends_its_events_again_not_its_heartbeats() -> None:
+    """A busy server sheds a report's events (503) and takes its liveness and heartbeats anyway, and says so."""
+    taken = {"error": {"status": 503, "message": "busy", "liveness_taken": True, "accepted": 1}}
+    server = Server(httpx.Response(503, json=taken, headers={"Retry-After": "0"}))
+    settled: list[Outcome] = []
+
+    async def main() -> None:
+        uplink = async_uplink(server, on_settled=lambda r, o, s: settled.append(o))
+        uplink.status(STATUS)
+        uplink.heartbeat(beat(0, 1))
+        key = uplink.event("rank_failed", rank=0)
+        uplink.start()
+        await until(lambda: len(server.bodies) == 2 and not uplink.buffer.events)
+        await uplink.close(1.0)
+        assert server.event_keys() == [[key], [key]]
+        assert [len(body["heartbeats"]) for body in server.bodies] == [1, 0]
+        assert uplink.buffer.settled_all()
+
+    run(main)
+    assert [(o.ok, o.retry, o.liveness_taken) for o in settled] == [(False, True, True), (True, False, False)]
+    for body in ('{"error": {"status": 503, "message": "db down"}}', "busy", '["x"]'):
+        assert not classify(503, body, None, "/r").liveness_taken  # said nothing: everything goes again
+    assert not classify(500, json.dumps(taken), None, "/r").liveness_taken  # only a shed (503) says it
 
 
 def test_a_refused_report_is_dropped_not_resent() -> None:

@@ -268,6 +268,7 @@ def test_past_the_transaction_slots_a_report_is_shed_its_liveness_kept_its_event
     body = report("n7", events=events, heartbeats=[{"rank": 0, "step": 10}])
     shed = trainer.post(f"/v1/jobs/{job['id']}/reports", json=body)
     assert shed.status_code == 503 and shed.headers["Retry-After"] in ("1", "2") and full.shed == 1
+    assert shed.json()["error"]["liveness_taken"] is True and shed.json()["error"]["accepted"] == 1
     assert admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "checkpoint_saved"}).json()["items"] == []
     assert [n["node"] for n in admin.get(f"/v1/jobs/{job['id']}/nodes").json()] == ["n7"]  # liveness taken
     assert {r["rank"]: r["step"] for r in admin.get(f"/v1/jobs/{job['id']}/ranks").json()} == {0: 10}

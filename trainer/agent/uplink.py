@@ -15,8 +15,9 @@ events queued since the last report. The training side never waits on it:
   a whole interval, to be replaced by the next one before it went. Heartbeats alone (a sender
   given no liveness) go two intervals after the last report;
 - 408/425/429/5xx and connection errors are retried with exponential backoff and jitter
-  (capped), honouring Retry-After; other 4xx drop what was sent, with a warning: resending
-  would never succeed;
+  (capped), honouring Retry-After; after a 503 that says the liveness was taken (a busy server
+  shed the report's events) only the events go again; other 4xx drop what was sent, with a
+  warning: resending would never succeed;
 - a reply may carry fault directives for this node, handed to `on_faults`.
 
 `ReportBuffer` holds the state and decides what the next report carries and what a reply
@@ -32,6 +33,7 @@ import asyncio
 import collections
 import contextlib
 import email.utils
+import json
 import logging
 import random
 import threading
@@ -104,6 +106,7 @@ class Outcome:
     retry_after: float | None = None
     reason: str = ""
     reply: Any = None
+    liveness_taken: bool = False  # not accepted, but its liveness and heartbeats were: only its events go again
 
 
 def classify(status: int, text: str, retry_after: str | None, path: str) -> Outcome:
@@ -111,8 +114,24 @@ def classify(status: int, text: str, retry_after: str | None, path: str) -> Outc
         return Outcome(ok=True)
     reason = f"HTTP {status} from {path}: {text[:200]!r}"
     if status in RETRYABLE_STATUS or status >= 500:
-        return Outcome(ok=False, retry=True, retry_after=retry_after_seconds(retry_after), reason=reason)
+        return Outcome(
+            ok=False,
+            retry=True,
+            retry_after=retry_after_seconds(retry_after),
+            reason=reason,
+            liveness_taken=status == 503 and liveness_taken(text),
+        )
     return Outcome(ok=False, reason=reason)
+
+
+def liveness_taken(text: str) -> bool:
+    """Whether a 503's body says the control plane took the report's liveness and heartbeats (a server busy
+    storing other reports' events sheds this one's, and takes the soft state anyway)."""
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("liveness_taken") is True
 
 
 def outcome_of(response: httpx.Response, path: str) -> Outcome:
@@ -244,9 +263,10 @@ class ReportBuffer:
             if outcome.retry_after is not None:
                 delay = max(delay, outcome.retry_after)
             self.retry_at = now + delay
-            for beat in report.heartbeats:
-                self.heartbeats.setdefault(int(beat["rank"]), beat)  # a newer one wins
-            self.status_changed = True
+            if not outcome.liveness_taken:
+                for beat in report.heartbeats:
+                    self.heartbeats.setdefault(int(beat["rank"]), beat)  # a newer one wins
+                self.status_changed = True
             return
         self.failures = 0
         self.reports += 1
