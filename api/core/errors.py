@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -26,6 +26,12 @@ class ErrorDetail(BaseModel):
     status: int
     message: str
     fields: list[ErrorField] | None = None
+    liveness_taken: bool | None = Field(
+        None,
+        description="A node report shed with 503 by a server busy storing other reports' events: whether its "
+        "liveness and heartbeats were taken all the same (then only its events need sending again).",
+    )
+    accepted: int | None = Field(None, description="With `liveness_taken`: the heartbeats taken.")
 
 
 class ErrorResponse(BaseModel):
@@ -44,7 +50,11 @@ _ERRORS: dict[int, dict[str, Any]] = {
     413: {"description": "The body is larger than FTPLANE_MAX_BODY_BYTES."},
     422: {"description": "A field is invalid; `fields` names each one."},
     429: {"description": "This token sent too much; retry after Retry-After seconds.", "headers": _RETRY_AFTER},
-    503: {"description": "The database is unavailable; retry after Retry-After seconds.", "headers": _RETRY_AFTER},
+    503: {
+        "description": "The database is unavailable, or (node reports) the server is busy storing other reports' "
+        "events; retry after Retry-After seconds.",
+        "headers": _RETRY_AFTER,
+    },
 }
 
 
