@@ -143,6 +143,24 @@ def test_in_job_restart_with_recompute() -> None:
     assert g.step_time_s == pytest.approx(0.2)
 
 
+def test_an_agents_inferred_running_does_not_move_a_run_its_ranks_announced() -> None:
+    """The restart scenario with a node agent saying `running` for ranks it saw start (source "agent": it cannot
+    know the step resumed from, so step 0), later than the ranks' own: the buckets are the scenario's. A run only
+    the agent announced still counts."""
+    inferred = [
+        ev("running", 51, step=0, restart_count=0, iteration=0, start_step=0, source="agent"),
+        ev("running", 52, step=0, restart_count=1, iteration=0, start_step=0, source="agent"),
+    ]
+    g = run(sorted(restart_scenario() + inferred, key=lambda r: r.ts))
+    assert_partition(g)
+    assert lost(g) == RESTART_SCENARIO_LOST and g.recomputed_steps == 50
+    assert g.step_time_s == pytest.approx(0.2)
+
+    zero_code = [ev("submitted", 0), ev("running", 10, step=0, start_step=0, source="agent"), ev("succeeded", 30)]
+    g = run(zero_code)
+    assert lost(g) == {"initialization": 10} and g.productive_s == pytest.approx(20)
+
+
 def cycle(t: float, number: int, node: str, *, attempt: int = 0, **phases: float) -> Record:
     return ev("launcher_cycle", t, attempt=attempt, cycle=number, node=node, phases=phases, source="launcher")
 

@@ -12,7 +12,9 @@ Runs
     A run is one start of the training loop: the `running` events of one (attempt, restart_count,
     iteration) — every rank sends one when its loop starts or resumes. A run starts when the last of
     its ranks reported (the loop's first collective waits for all of them). A run's window lasts
-    until the next run starts, or until the end of wall time.
+    until the next run starts, or until the end of wall time. The node agent says `running` for
+    ranks that do not (details.source "agent": a zero-code job's, at the step its logs show, else 0);
+    where any rank of the run said it itself, the agent's word is left out.
 
 Failures
     Inside a window (and before the first run: the start-up window) the first sign of trouble ends

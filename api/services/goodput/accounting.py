@@ -207,12 +207,17 @@ def _failure_time(w: _Window) -> float:
 
 
 def _runs(recs: Sequence[Record], t: Clock, wall: float) -> list[_Run]:
-    """One run per (attempt, restart_count, iteration), started when its last rank reported."""
+    """One run per (attempt, restart_count, iteration), started when its last rank reported. Where a run's ranks
+    said `running` themselves, the node agent's inferred `running` (details.source "agent", for ranks that did not
+    say so in time) is not counted: it cannot know the step resumed from, and would make the run start at step 0."""
+    said = {_run_key(r) for r in recs if r.type == EventType.running and r.details.get("source") != "agent"}
     by_key: dict[tuple[int, int, int], _Run] = {}
     for r in recs:
         if r.type != EventType.running:
             continue
-        key = (r.attempt, r.integer("restart_count") or 0, r.integer("iteration") or 0)
+        key = _run_key(r)
+        if key in said and r.details.get("source") == "agent":
+            continue
         start_step = r.integer("start_step")
         start_step = start_step if start_step is not None else (r.step or 0)
         held = by_key.get(key)
@@ -225,6 +230,10 @@ def _runs(recs: Sequence[Record], t: Clock, wall: float) -> list[_Run]:
     for i, run in enumerate(runs):
         run.end = runs[i + 1].start if i + 1 < len(runs) else wall
     return runs
+
+
+def _run_key(r: Record) -> tuple[int, int, int]:
+    return (r.attempt, r.integer("restart_count") or 0, r.integer("iteration") or 0)
 
 
 def _place_signals(recs: Sequence[Record], t: Clock, windows: Sequence[_Window]) -> None:
