@@ -69,10 +69,20 @@ def submitted(make_job: Any, **spec: Any) -> dict[str, Any]:
     return dict(job)
 
 
-def test_goodput_of_a_job_from_its_stored_events(admin: TestClient, make_job: Any) -> None:
+# A node agent's `running` for ranks it saw start without word from them (it cannot know the step resumed from),
+# later than the ranks' own: where the ranks said it themselves, the goodput is the same without these.
+INFERRED_BY_THE_AGENT = [
+    event(f"agent:r{count}", "running", t, step=0, details={"restart_count": count, "iteration": 0, "source": "agent"})
+    for count, t in ((0, 10.5), (1, 51))
+]
+
+
+@pytest.mark.parametrize("agent_said_too", [False, True], ids=["ranks", "ranks-and-agent"])
+def test_goodput_of_a_job_from_its_stored_events(admin: TestClient, make_job: Any, agent_said_too: bool) -> None:
     job = submitted(make_job, procs_per_node=8, checkpoint={"interval_steps": 100, "engine": "sync"})
     url = f"/v1/jobs/{job['id']}"
-    posted = admin.post(f"{url}/events", json={"events": HISTORY}, headers={"Authorization": f"Bearer {job['token']}"})
+    history = HISTORY + INFERRED_BY_THE_AGENT if agent_said_too else HISTORY
+    posted = admin.post(f"{url}/events", json={"events": history}, headers={"Authorization": f"Bearer {job['token']}"})
     assert posted.status_code == 200, posted.text
 
     response = admin.get(f"{url}/goodput")

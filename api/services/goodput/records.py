@@ -60,7 +60,7 @@ def number(value: Any) -> float | None:
 
 def load_records(session: Session, job_id: str) -> list[Record]:
     """The job's events the accounting needs, with the per-rank kinds read aggregated: `running` one row per
-    run (its last rank's time; a job of N ranks sends N per restart), and silences one row per detection
+    run and source (its last rank's time; a job of N ranks sends N per restart), and silences one row per detection
     pass (the supervisor stores a pass's hang_detected events with one time; a job-wide hang of N ranks is N
     events), carrying the longest silence (`silent_s`) and the highest step."""
     per_rank = [EventType.running.value, *(t.value for t in SILENCE_TYPES)]
@@ -81,13 +81,16 @@ def load_records(session: Session, job_id: str) -> list[Record]:
         records.append(Record(t, _aware(ts), attempt, step, {"silent_s": silent}))
     restart_count = Event.details["restart_count"].as_integer()
     iteration = Event.details["iteration"].as_integer()
+    source = Event.details["source"].as_string()  # "agent": said by the node agent for ranks that did not
     runs = session.execute(
-        select(Event.attempt, restart_count, iteration, func.max(Event.ts), func.min(Event.step))
+        select(Event.attempt, restart_count, iteration, source, func.max(Event.ts), func.min(Event.step))
         .where(Event.job_id == job_id, Event.type == EventType.running.value)
-        .group_by(Event.attempt, restart_count, iteration)
+        .group_by(Event.attempt, restart_count, iteration, source)
     ).all()
-    for attempt, rc, it, ts, step in runs:
+    for attempt, rc, it, said_by, ts, step in runs:
         details = {"restart_count": rc or 0, "iteration": it or 0, "start_step": step or 0}
+        if said_by is not None:
+            details["source"] = said_by
         records.append(Record(EventType.running.value, _aware(ts), attempt, step, details))
     return records
 
