@@ -30,7 +30,8 @@ from typing import Any
 from api.core import heap
 from bench.scale.params import Params
 from bench.scale.wire import Network
-from trainer.agent.uplink import AsyncUplink, Outcome, Report
+from trainer.agent.report_buffer import Outcome, Report
+from trainer.agent.uplink import AsyncUplink
 
 
 def iso(t: float) -> str:

@@ -14,7 +14,8 @@ import httpx
 from fastapi.testclient import TestClient
 
 from tests.agent.conftest import events, submitted_job
-from trainer.agent.uplink import AsyncUplink, Outcome, Report, ReportBuffer, Uplink, classify
+from trainer.agent.report_buffer import Outcome, Report, ReportBuffer, classify
+from trainer.agent.uplink import AsyncUplink, Uplink
 
 JOB = "job-1"
 STATUS = {"pid": 10, "launcher": {"pid": 11, "alive": True}, "ranks": [], "progress": "sdk", "healthy": True}

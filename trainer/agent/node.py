@@ -41,7 +41,8 @@ from trainer.agent.launcher_output import (
 )
 from trainer.agent.launcher_timing import CycleTimed
 from trainer.agent.processes import RankProcess, rank_processes
-from trainer.agent.uplink import Uplink, utcnow_iso
+from trainer.agent.report_buffer import utcnow_iso
+from trainer.agent.uplink import Uplink
 
 log = logging.getLogger(__name__)
 

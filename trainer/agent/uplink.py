@@ -1,179 +1,29 @@
-"""The agent's one conversation with the control plane: a batched node report per interval.
+"""The agent's one conversation with the control plane: a batched node report per interval, sent over HTTP.
 
-Each report is one `POST /v1/jobs/{job}/reports` carrying the node's liveness (agent, launcher,
-each rank's process, GPU health), the newest heartbeat of every rank that sent one, and the
-events queued since the last report. The training side never waits on it:
-
-- events are kept, in order, until the control plane accepts them; each carries an idempotency
-  key made once, so a report resent after a lost reply stores it once. A new event is sent at
-  once rather than at the next interval;
-- heartbeats and the node's liveness are soft state: only the newest per rank (and the newest
-  liveness) is kept, so an outage costs memory for one heartbeat per rank;
-- the agent hands over the node's liveness once an interval, and it is sent at once, with every
-  heartbeat waiting: the agent's clock sets the reports' pace. Had the sender kept a clock of its
-  own, the two would drift into phase, and a liveness handed over just after a report would wait
-  a whole interval, to be replaced by the next one before it went. Heartbeats alone (a sender
-  given no liveness) go two intervals after the last report;
-- 408/425/429/5xx and connection errors are retried with exponential backoff and jitter
-  (capped), honouring Retry-After; after a 503 that says the liveness was taken (a busy server
-  shed the report's events) only the events go again; other 4xx drop what was sent, with a
-  warning: resending would never succeed;
-- a reply may carry fault directives for this node, handed to `on_faults`.
-
-`ReportBuffer` holds the state and decides what the next report carries and what a reply
-means, with no I/O of its own; `Uplink` drives it from a thread with httpx (the node agent), and
-`AsyncUplink` from an asyncio task with httpx's async client (the scale benchmark drives
-thousands of them in one process). Both take every decision through `ReportBuffer`, `classify`
-and `Report.body`. The token is sent in the Authorization header and never logged.
+What a report carries, when it goes and what a reply means is `ReportBuffer`'s to decide
+(`trainer/agent/report_buffer.py`, no I/O); the training side never waits on it. `Uplink` drives it
+from a thread with httpx (the node agent), and `AsyncUplink` from an asyncio task with httpx's async
+client (the scale benchmark drives thousands of them in one process). Both take every decision
+through `ReportBuffer`, `classify` and `Report.body`. A reply may carry fault directives for this
+node, handed to `on_faults`; a refused report is dropped with a warning. The token is sent in the
+Authorization header and never logged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import email.utils
-import json
 import logging
-import random
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
+from trainer.agent.report_buffer import Outcome, Report, ReportBuffer, fill_event, new_event, outcome_of
+
 log = logging.getLogger(__name__)
-
-MAX_EVENTS_PER_REPORT = 1000
-MAX_HEARTBEATS_PER_REPORT = 20000
-RETRYABLE_STATUS = frozenset({408, 425, 429})
-MAX_RETRY_AFTER_S = 60.0
-# Heartbeats wait for the liveness the agent hands over every interval; alone, they go this many intervals after the
-# last report (more than one, so that they never go just before the liveness and double the reports).
-HEARTBEATS_ALONE_AFTER_INTERVALS = 2
-
-
-def utcnow_iso() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-def new_key() -> str:
-    return uuid.uuid4().hex
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
-
-
-@dataclass
-class Report:
-    """One report taken from the buffer: what a POST carries."""
-
-    events: list[dict[str, Any]]
-    heartbeats: list[dict[str, Any]]
-    status: dict[str, Any] | None
-
-    def body(self, attempt: int, node: str) -> dict[str, Any]:
-        return {
-            "attempt": attempt,
-            "node": node,
-            "agent": self.status or {},
-            "heartbeats": self.heartbeats,
-            "events": self.events,
-        }
-
-
-@dataclass
-class Outcome:
-    """What became of one POST."""
-
-    ok: bool
-    retry: bool = False  # not accepted, worth sending again
-    retry_after: float | None = None
-    reason: str = ""
-    reply: Any = None
-    liveness_taken: bool = False  # not accepted, but its liveness and heartbeats were: only its events go again
-
-
-def classify(status: int, text: str, retry_after: str | None, path: str) -> Outcome:
-    if 200 <= status < 300:
-        return Outcome(ok=True)
-    reason = f"HTTP {status} from {path}: {text[:200]!r}"
-    if status in RETRYABLE_STATUS or status >= 500:
-        return Outcome(
-            ok=False,
-            retry=True,
-            retry_after=retry_after_seconds(retry_after),
-            reason=reason,
-            liveness_taken=status == 503 and liveness_taken(text),
-        )
-    return Outcome(ok=False, reason=reason)
-
-
-def liveness_taken(text: str) -> bool:
-    """Whether a 503's body says the control plane took the report's liveness and heartbeats (a server busy
-    storing other reports' events sheds this one's, and takes the soft state anyway)."""
-    try:
-        error = json.loads(text).get("error")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(error, dict) and error.get("liveness_taken") is True
-
-
-def outcome_of(response: httpx.Response, path: str) -> Outcome:
-    """What a POST's (read) response means, with the reply's JSON when it was accepted."""
-    outcome = classify(response.status_code, response.text, response.headers.get("Retry-After"), path)
-    if outcome.ok:
-        try:
-            outcome.reply = response.json()
-        except ValueError:
-            outcome.reply = None
-    return outcome
-
-
-def new_event(
-    type: str,
-    *,
-    node: str,
-    attempt: int,
-    rank: int | None = None,
-    step: int | None = None,
-    details: dict[str, Any] | None = None,
-    key: str | None = None,
-    ts: str | None = None,
-) -> dict[str, Any]:
-    """An event of `node` as a report carries it, with its idempotency key (a new one unless given)."""
-    return {
-        "key": key or new_key(),
-        "type": type,
-        "ts": ts or utcnow_iso(),
-        "attempt": attempt,
-        "rank": rank,
-        "node": node,
-        "step": step,
-        "details": dict(details or {}),
-    }
-
-
-def fill_event(event: dict[str, Any], node: str, attempt: int) -> None:
-    """An event a rank made keeps its key, time and rank; the node and attempt are filled in."""
-    event.setdefault("node", node)
-    if event.get("attempt") is None:
-        event["attempt"] = attempt
 
 
 def log_outcome(outcome: Outcome, failures: int, retry_in: float) -> None:
@@ -192,97 +42,6 @@ def hand_over_faults(outcome: Outcome, on_faults: Callable[[list[dict[str, Any]]
             on_faults(list(faults))
         except Exception:
             log.exception("handling fault directives failed")
-
-
-@dataclass
-class ReportBuffer:
-    """What the node has to tell the control plane, and when; no I/O. Not thread-safe by itself: `Uplink`
-    holds a lock around every call."""
-
-    interval_s: float = 1.0
-    backoff_base_s: float = 0.2
-    backoff_cap_s: float = 5.0
-    max_events: int = 100_000
-    events: collections.deque[dict[str, Any]] = field(default_factory=collections.deque)
-    heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
-    status: dict[str, Any] | None = None
-    status_changed: bool = False
-    failures: int = 0  # consecutive failed reports: drives the backoff
-    retry_at: float = 0.0  # monotonic time before which nothing is sent
-    next_report_at: float = 0.0
-    dropped_events: int = 0
-    sent_events: int = 0
-    sent_heartbeats: int = 0
-    reports: int = 0
-
-    # ---- what the node adds ----
-
-    def add_event(self, event: dict[str, Any]) -> bool:
-        if len(self.events) >= self.max_events:
-            self.dropped_events += 1
-            return False
-        self.events.append(event)
-        return True
-
-    def add_heartbeat(self, beat: dict[str, Any]) -> None:
-        self.heartbeats[int(beat["rank"])] = beat
-
-    def set_status(self, status: dict[str, Any]) -> None:
-        self.status = status
-        self.status_changed = True
-
-    # ---- what the next report carries ----
-
-    def due_in(self, now: float, flushing: bool = False) -> float | None:
-        """Seconds until a report should be sent (0: now); None when there is nothing to send."""
-        if now < self.retry_at:  # a flush skips the wait once (it clears retry_at), not after every failed try
-            return self.retry_at - now
-        if self.events or self.status_changed:
-            return 0.0
-        if self.heartbeats:
-            return 0.0 if flushing else max(self.next_report_at - now, 0.0)
-        return None
-
-    def take(self, now: float) -> Report:
-        """The next report: the oldest events (they stay queued until accepted), every newest heartbeat."""
-        events = [self.events[i] for i in range(min(len(self.events), MAX_EVENTS_PER_REPORT))]
-        beats = list(self.heartbeats.values())[:MAX_HEARTBEATS_PER_REPORT]
-        for beat in beats:
-            del self.heartbeats[int(beat["rank"])]
-        self.status_changed = False
-        self.next_report_at = now + HEARTBEATS_ALONE_AFTER_INTERVALS * self.interval_s
-        return Report(events, beats, self.status)
-
-    def settle(self, report: Report, outcome: Outcome, now: float) -> None:
-        """Apply what became of `report`: drop what was accepted (or refused for good), keep the rest."""
-        if outcome.retry:
-            self.failures += 1
-            # the exponent is bounded: 2 ** 1024 is past a float, and a long outage must not kill the sender
-            ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2 ** min(self.failures - 1, 64))
-            delay = ceiling / 2 + random.uniform(0, ceiling / 2)
-            if outcome.retry_after is not None:
-                delay = max(delay, outcome.retry_after)
-            self.retry_at = now + delay
-            if not outcome.liveness_taken:
-                for beat in report.heartbeats:
-                    self.heartbeats.setdefault(int(beat["rank"]), beat)  # a newer one wins
-                self.status_changed = True
-            return
-        self.failures = 0
-        self.reports += 1
-        sent = {e["key"] for e in report.events}
-        while self.events and self.events[0]["key"] in sent:
-            self.events.popleft()
-        if outcome.ok:
-            self.sent_events += len(report.events)
-            self.sent_heartbeats += len(report.heartbeats)
-
-    def retry_delay(self) -> float:
-        return max(self.retry_at - time.monotonic(), 0.0)
-
-    def settled_all(self) -> bool:
-        """Nothing left to send: every event accepted (or refused for good), no heartbeat or liveness waiting."""
-        return not (self.events or self.heartbeats or self.status_changed)
 
 
 # A report every interval (up to 30 s) keeps its connection: a new TCP connection per report costs the API
