@@ -147,7 +147,7 @@ async def _admitted(
             503,
             f"{slots.limit} reports with events are being stored by this server; resend the events after Retry-After",
             headers={"Retry-After": str(slots.retry_after(report.agent.interval_s))},
-            details={"liveness_taken": report.attempt >= attempt, "accepted": accepted},
+            details={"liveness_taken": _takes_liveness(report, attempt), "accepted": accepted},
         )
     try:
         return await store(job_id, report, *args)
@@ -167,10 +167,14 @@ async def _store_alone(job_id: str, report: NodeReport, look_for_faults: bool) -
     return await run_in_threadpool(group_commit.store_alone, job_id, report, look_for_faults=look_for_faults)
 
 
+def _takes_liveness(report: NodeReport, attempt: int) -> bool:
+    """Whether a report's liveness counts: not when it is of an attempt older than the job's `attempt`."""
+    return report.attempt >= attempt
+
+
 async def _take_liveness(writer: liveness_writer.LivenessWriter, job_id: str, report: NodeReport, attempt: int) -> int:
-    """The report's liveness and heartbeats into the coalescing writer (soft state), unless it is of an attempt
-    older than the job's `attempt`."""
-    if report.attempt < attempt:
+    """The report's liveness and heartbeats into the coalescing writer (soft state), where `_takes_liveness`."""
+    if not _takes_liveness(report, attempt):
         return 0
     if writer.period_s <= 0:  # written at once (no coalescing): a database write, off the event loop
         accepted = await run_in_threadpool(writer.add, job_id, report)
