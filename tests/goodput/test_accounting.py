@@ -6,13 +6,10 @@ Times are seconds after the launch of attempt 0. Every history trains at 0.2 s p
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from api.schemas.goodput import LOST_BUCKETS, GoodputOut
 from api.services.goodput import MIN_FAILURES, Record, account
@@ -397,58 +394,3 @@ def test_no_events_means_no_wall_time() -> None:
     g = account([], now=at(5))
     assert g.wall_s == 0 and g.ettr is None and g.start is None and not g.finished
     assert_partition(g)
-
-
-# ---- any history: the buckets partition wall time -----------------------------------------------
-
-KINDS = [
-    "running",
-    "checkpoint_saved",
-    "fault_injected",
-    "rank_failed",
-    "hang_detected",
-    "inprocess_restart",
-    "injob_restart",
-    "job_restart",
-    "submitted",
-]
-
-
-@st.composite
-def histories(draw: st.DrawFn) -> tuple[list[Record], float]:
-    n = draw(st.integers(0, 25))
-    out = []
-    for _ in range(n):
-        kind = draw(st.sampled_from(KINDS))
-        t = draw(st.floats(0, 500, allow_nan=False))
-        attempt = draw(st.integers(0, 3))
-        step = draw(st.one_of(st.none(), st.integers(0, 1000)))
-        details: dict[str, Any] = {}
-        if kind == "running":
-            details = {"restart_count": draw(st.integers(0, 3)), "iteration": draw(st.integers(0, 2))}
-            details["start_step"] = draw(st.integers(0, 1000))
-        elif kind == "checkpoint_saved":
-            details = {"step": step, "blocking_s": draw(st.floats(0, 30)), "total_s": draw(st.floats(0, 60))}
-        elif kind == "hang_detected":
-            details = {"silent_s": draw(st.floats(0, 100))}
-        elif kind == "injob_restart":
-            details = {"restart_count": draw(st.integers(0, 4)), "failed_step": step}
-        elif kind == "inprocess_restart":
-            details = {"iteration": draw(st.integers(0, 3)), "restart_count": draw(st.integers(0, 3))}
-        elif kind == "job_restart":
-            details = {"from_attempt": max(0, attempt - 1)}
-        elif kind == "rank_failed" and draw(st.booleans()):
-            details = {"source": "launcher"}
-        out.append(Record(kind, at(t), attempt, step, details))
-    if draw(st.booleans()):
-        out.append(Record(draw(st.sampled_from(["succeeded", "failed", "cancelled"])), at(draw(st.floats(0, 600))), 0))
-    return out, draw(st.floats(0, 700))
-
-
-@settings(max_examples=300, deadline=None)
-@given(histories())
-def test_any_history_is_partitioned(case: tuple[list[Record], float]) -> None:
-    records, now = case
-    g = account(records, now=at(now), interval_steps=100)
-    assert_partition(g)
-    assert math.isfinite(g.wall_s)
