@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from api.core import errors, heap
 from api.core.config import Settings, get_settings
 from api.core.limits import BodySizeLimit, TextGuard
 from api.core.logging import configure_logging
-from api.routes import dashboard, goodput, health, jobs, metrics, reports, tokens, webhooks
-from api.services import liveness_writer, report_gate
+from api.deps import audit_trail
+from api.routes import (
+    audit,
+    dashboard,
+    dashboard_nodes,
+    dashboard_sso,
+    fleet_dashboard,
+    fleet_goodput,
+    goodput,
+    health,
+    jobs,
+    logs,
+    metrics,
+    nodes,
+    objectives,
+    projects,
+    reports,
+    tokens,
+    webhooks,
+)
+from api.services import audit as audit_log
+from api.services.ingest import caches, liveness_writer
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
@@ -25,17 +45,34 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         description="Control plane for fault-tolerant distributed PyTorch training.",
         docs_url="/docs",
     )
-    errors.install(app)
+    errors.install(app, on_refused=audit_log.record_refusal)
     app.add_middleware(TextGuard)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)  # outermost: size first
     app.include_router(health.router)
-    for router in (jobs.router, reports.router, tokens.router, webhooks.router, goodput.router):
+    # Routes are matched in the order they are added, one by one: node traffic, most of all requests, comes
+    # first (after it, every report would be compared with each route before its own).
+    for router in (reports.router, logs.router):  # node traffic, and reads that may stream: nothing to audit
         app.include_router(router, responses=errors.API_ERRORS)
-    for router in (metrics.router, dashboard.router):
+    # Every changing request of these routers is audited (api/services/audit.py); node reports are not.
+    audited = [Depends(audit_trail)]
+    for router in (
+        jobs.router,
+        tokens.router,
+        webhooks.router,
+        goodput.router,
+        projects.router,
+        audit.router,
+        fleet_goodput.router,
+        objectives.router,
+        nodes.router,
+    ):
+        app.include_router(router, responses=errors.API_ERRORS, dependencies=audited)
+    for router in (metrics.router, dashboard.router, dashboard_sso.router, dashboard_nodes.router):
         app.include_router(router)
+    app.include_router(fleet_dashboard.router)
     dashboard.mount_static(app)
     reports.document(app)
-    report_gate.forget_all()  # a new app (tests switch databases) starts with nothing cached
+    caches.forget_all()  # a new app (tests switch databases) starts with nothing cached
     liveness_writer.reset()
     return app
 

@@ -24,7 +24,8 @@ from prometheus_client import Counter, Histogram, disable_created_metrics
 
 from api.database.tables import Event
 from api.schemas.causes import CauseClass, cause_class_of
-from api.schemas.events import ANOMALY_TYPES, RESTART_TYPES, EventType
+from api.schemas.events import ANOMALY_TYPES, EventType
+from api.schemas.rungs import RUNG_EVENTS
 
 RESTARTS = Counter("ftplane_restarts", "Restarts by recovery rung and cause class.", ["rung", "cause"])
 HANGS = Counter("ftplane_hangs_detected", "hang_detected events stored.")
@@ -38,15 +39,16 @@ WEBHOOK_DELIVERIES = Counter("ftplane_webhook_deliveries", "Webhook delivery tri
 STRAGGLERS = Counter("ftplane_stragglers_detected", "straggler_detected events stored (episodes opened).")
 ANOMALIES = Counter("ftplane_anomalies", "Restart anomalies announced, by kind.", ["kind"])
 
-disable_created_metrics()  # no `_created` twin per series: dashboards use rate()/increase()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` twin per series: dashboards use rate()/increase()
 
-RUNG_LABELS = ("inprocess", "injob", "job")
+# the `rung` label of each rung's restart event: inprocess, injob, job
+RUNG_LABEL = {event.value: event.value.removesuffix("_restart") for event in RUNG_EVENTS.values()}
 DELIVERY_OUTCOMES = ("delivered", "retrying", "failed")
 
 
 def _zero_series() -> None:
     """Every bounded label combination from the start, so rates and sums see zeros, not gaps."""
-    for rung in RUNG_LABELS:
+    for rung in RUNG_LABEL.values():
         for cause in CauseClass:
             RESTARTS.labels(rung=rung, cause=cause.value)
     for outcome in DELIVERY_OUTCOMES:
@@ -74,8 +76,8 @@ class EventFacts:
 
 def events_observed(facts: Iterable[EventFacts]) -> None:
     for fact in facts:
-        if fact.type in RESTART_TYPES:
-            RESTARTS.labels(rung=fact.type.removesuffix("_restart"), cause=fact.cause.value).inc()
+        if fact.type in RUNG_LABEL:
+            RESTARTS.labels(rung=RUNG_LABEL[fact.type], cause=fact.cause.value).inc()
         elif fact.type == EventType.hang_detected:
             HANGS.inc()
         elif fact.type == EventType.straggler_detected:

@@ -2,8 +2,8 @@
 
     python -m bench.agent [--seconds 60] [--ranks 8] [--kills 5]
 
-`overhead`: one agent (`python -m trainer.agent`) whose "launcher" starts `--ranks` rank processes;
-each rank is a real SDK user (`trainer.sdk`: `run.step()` ten times a second, heartbeats to the
+`overhead`: one agent (`python -m ftplane.trainer.agent`) whose "launcher" starts `--ranks` rank processes;
+each rank is a real SDK user (`ftplane.trainer.sdk`: `run.step()` ten times a second, heartbeats to the
 agent every 0.5 s), and the agent reports every second to the real API (uvicorn, PostgreSQL). After
 a warm-up, the benchmark reads the agent process's own CPU time and resident memory from /proc over
 `--seconds` (its children, the ranks, are not counted). Baseline, same run: an idle Python
@@ -44,11 +44,11 @@ from bench.common import (
     table,
     uvicorn_api,
 )
-from trainer.agent.processes import descendants, rank_processes
+from ftplane.trainer.agent.processes import descendants, rank_processes
 
 RANK_SCRIPT = """
 import os, time
-from trainer import sdk
+from ftplane import sdk
 run = sdk.init(total_steps=10**9)
 run.start(0)
 step = 0
@@ -104,7 +104,7 @@ def start_agent(url: str, job: dict[str, Any], command: list[str], workdir: Path
     workdir.mkdir(parents=True, exist_ok=True)
     log = (workdir / "agent.log").open("wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "trainer.agent", "--", *command],
+        [sys.executable, "-m", "ftplane.trainer.agent", "--", *command],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -81,6 +81,21 @@ def fresh_database(base: str | None = None, prefix: str = "ftplane_bench") -> It
         admin.dispose()
 
 
+@contextlib.contextmanager
+def sqlite_database(directory: Path) -> Iterator[str]:
+    """A SQLite database file in `directory`, with the schema migrated to head."""
+    from api.core.db import upgrade_to_head
+
+    url = f"sqlite:///{directory / 'ftplane.db'}"
+    upgrade_to_head(url=url)
+    yield url
+
+
+def database_of_kind(kind: str, base: str | None, directory: Path) -> contextlib.AbstractContextManager[str]:
+    """A fresh database for a benchmark: PostgreSQL (`kind` "postgresql") or SQLite in `directory`."""
+    return fresh_database(base) if kind == "postgresql" else sqlite_database(directory)
+
+
 def create_admin_token(database_url: str) -> str:
     from sqlalchemy.orm import Session
 
@@ -188,7 +203,7 @@ class CpuMeter:
     groups and `extra` (what the caller measured itself, e.g. the load generator): other people's load.
     """
 
-    def __init__(self, groups: dict[str, Callable[[], Sequence[psutil.Process]]]):
+    def __init__(self, groups: Mapping[str, Callable[[], Sequence[psutil.Process]]]):
         self.groups = groups
         self.started = 0.0
         self.procs: dict[str, list[psutil.Process]] = {}

@@ -10,7 +10,7 @@ log line to DIR/gpu.log):
   `Checkpointer.warm_up` first, as the trainer does after its first step) and `dcp` (dcp.async_save, the
   trainer's async engine on CPU, forced here). The figure is the time the training step is blocked;
   target: async blocking <= 1/30 of sync.
-- `efficiency`: `python -m trainer --model large` with `--checkpoint-engine none`, then the same with
+- `efficiency`: `python -m ftplane.trainer --model large` with `--checkpoint-engine none`, then the same with
   `async`, one checkpoint every `--interval-s` of training (or `--interval-steps`); target: async
   wall-clock steps/s >= 99.5 % of none's over the same window of whole intervals (steps skip..skip +
   intervals x interval, each holding one save; every step's wall time counted, the checkpoint's
@@ -127,9 +127,9 @@ def section_blocking(out: Path, saves: int, dcp_saves: int, engines_wanted: list
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from trainer.checkpoint import Checkpointer
-    from trainer.config import MODEL_PRESETS
-    from trainer.model import Transformer, count_parameters, synthetic_batch
+    from ftplane.trainer.checkpoint import Checkpointer
+    from ftplane.trainer.config import MODEL_PRESETS
+    from ftplane.trainer.model import Transformer, count_parameters, synthetic_batch
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29731")
@@ -152,7 +152,7 @@ def section_blocking(out: Path, saves: int, dcp_saves: int, engines_wanted: list
         started = time.perf_counter()
         inputs, targets = synthetic_batch(args, batch_size=8, seed=0, step=i, dp_rank=0, device=device)
         loss = F.cross_entropy(model(inputs).flatten(0, 1).float(), targets.flatten())
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss.item()
@@ -269,7 +269,7 @@ def section_efficiency(
     out: Path, model: str, target_interval_s: float, interval_steps: int, skip: int, probe_steps: int, intervals: int
 ) -> None:
     result: dict[str, Any] = {"model": LARGE_PARAMS_NOTE if model == "large" else model}
-    base = [sys.executable, "-m", "trainer", "--model", model, "--log-every", "50"]
+    base = [sys.executable, "-m", "ftplane.trainer", "--model", model, "--log-every", "50"]
     if not interval_steps:
         # A short run without checkpoints: its step time sets the interval.
         probe = SCRATCH / "metrics-probe.jsonl"

@@ -8,9 +8,15 @@
 #    CUDA, and the versions of its imports that NVRx 0.7 asks for; list below) are taken from .whl/ where
 #    they are there, else downloaded into it (needs a package index; `bash bench/gpu_setup.sh --download`
 #    does only this, on any machine that reaches one, for a GPU machine that does not);
-# 2. install: into $SITE (default /tmp/ftplane-gpu-site) with pip --no-deps --target, put first on
-#    PYTHONPATH (the machine's own torch is kept; nothing else is installed or upgraded);
-# 3. the CUDA tests (tests/trainer/test_nvrx_cuda.py, marked `cuda`; and test_nvrx_versions.py, the
+# 2. install: ftplane itself, built from this checkout, with those wheels: README's line for a GPU
+#    machine, `pip install '.[gpu]'`, as it can run here. Into $SITE (default /tmp/ftplane-gpu-site) with
+#    pip --target, put first on PYTHONPATH (ftplane-agent and ft_launcher on PATH). It cannot run as
+#    written: the machine has no package index (the build backend, setuptools and wheel, comes from .whl/
+#    too), and resolving the extra's requirements would take a second torch into $SITE, or upgrade the
+#    machine's own packages, where the machine's CUDA torch must be kept and nothing installed into it.
+#    So the extra is installed as its resolution for this machine: torch, numpy and httpx are the
+#    machine's, the rest the pinned wheels, with --no-deps;
+# 3. the CUDA tests (tests/trainer/nvrx/test_cuda.py, marked `cuda`; and test_versions.py beside it, the
 #    version guard, against NVRx 0.7): DIR/cuda-tests.log, DIR/cuda-tests.xml;
 # 4. bench/gpu.py with the parameters of the recorded run (BENCH_ARGS below; replaced by the arguments
 #    after `--`): DIR/bench/ (results.json, gpu.log, sections.log, metrics).
@@ -38,6 +44,8 @@ WHEELS=(
     typing-inspection==0.4.5
     typing-extensions==4.16.0
 )
+# ftplane's build backend (pyproject's [build-system]), for building the checkout without an index
+BUILD_WHEELS=(setuptools==84.2.1 wheel==0.45.1) # neither has dependencies of its own
 # What bench/RESULTS.md's `## gpu` records: blocking (sync and NVRx, 3 saves each), efficiency over one
 # checkpoint interval of 540 steps of the `large` model, recovery (in-process and in-job) of `medium`.
 BENCH_ARGS=(--sections env,blocking,efficiency,recovery --engines sync,nvrx_async --saves 3
@@ -58,7 +66,7 @@ done
 
 have_wheels() {
     local spec name version
-    for spec in "${WHEELS[@]}"; do
+    for spec in "${WHEELS[@]}" "${BUILD_WHEELS[@]}"; do
         name=${spec%%==*} version=${spec##*==}
         compgen -G "$WHEELS_DIR/${name//-/_}-${version}-*.whl" >/dev/null || return 1
     done
@@ -71,7 +79,7 @@ download() {
     for n in 17 27 28 31 34 35 39; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
         --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 --platform any \
-        -d "$WHEELS_DIR" "${WHEELS[@]}"
+        -d "$WHEELS_DIR" "${WHEELS[@]}" "${BUILD_WHEELS[@]}"
 }
 
 if [ "$download_only" = 1 ]; then
@@ -85,9 +93,11 @@ commit='?'
 [ -e .git ] && commit=$(git rev-parse --short HEAD 2>/dev/null)
 echo "== $(date -u +%FT%TZ) ftplane $commit on $(hostname)"
 have_wheels || download || { echo "no wheels in $WHEELS_DIR/ and no index to download them from" >&2; exit 3; }
+# pip builds `.` in an isolated environment, its build backend from --find-links (--no-index holds there too)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    --find-links "$WHEELS_DIR" "${WHEELS[@]}" || exit 3
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
+    --find-links "$WHEELS_DIR" . "${WHEELS[@]}" || exit 3
+# `python3 -m` from the repository root finds tests/ and bench/ (and this checkout's ftplane) first
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
 python3 - <<'EOF' || exit 4
 import importlib.metadata as md, torch
 assert torch.cuda.is_available(), "no CUDA device: this script is for a GPU machine"
@@ -100,7 +110,7 @@ if [ "$tests" = 1 ]; then
     echo "== CUDA tests"
     # --confcutdir: only tests/trainer's conftest (the suite's top one needs the control plane's packages)
     python3 -m pytest -p no:cacheprovider --confcutdir=tests/trainer \
-        tests/trainer/test_nvrx_cuda.py tests/trainer/test_nvrx_versions.py \
+        tests/trainer/nvrx/test_cuda.py tests/trainer/nvrx/test_versions.py \
         -v -rA --log-level=WARNING -o junit_family=xunit1 --junitxml="$OUT/cuda-tests.xml" 2>&1 |
         tee "$OUT/cuda-tests.log"
     status=${PIPESTATUS[0]}

@@ -39,7 +39,7 @@ from bench.common import (
     Load,
     LoadResult,
     create_admin_token,
-    fresh_database,
+    database_of_kind,
     machine,
     postgres_processes,
     run_load,
@@ -132,7 +132,7 @@ def create_job(url: str, admin: str) -> tuple[str, str]:
         "name": "ingest-bench",
         "backend": "kubernetes",
         "image": "registry.example/trainer:bench",
-        "command": ["python", "-m", "trainer"],
+        "command": ["python", "-m", "ftplane.trainer"],
         "nodes": NODES,
         "procs_per_node": RANKS_PER_NODE,
         "checkpoint": {"dir": "/checkpoints/bench", "interval_steps": 500, "engine": "async"},
@@ -147,7 +147,7 @@ def run_database(kind: str, args: argparse.Namespace) -> list[Outcome]:
     """A fresh database and API; each mode in turn against the same job."""
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="ftplane-ingest-") as tmp:  # noqa: SIM117 - the next needs tmp
-        with fresh_database(args.database_url) if kind == "postgresql" else _sqlite(Path(tmp)) as db:
+        with database_of_kind(kind, args.database_url, Path(tmp)) as db:
             admin = create_admin_token(db)
             database = make_url(db).database if kind == "postgresql" else None
             with uvicorn_api(db, Path(tmp), workers=args.workers) as server:
@@ -187,20 +187,6 @@ def run_database(kind: str, args: argparse.Namespace) -> list[Outcome]:
                     )
                     time.sleep(1)
     return outcomes
-
-
-def _sqlite(directory: Path) -> object:
-    import contextlib
-
-    from api.core.db import upgrade_to_head
-
-    @contextlib.contextmanager
-    def database():  # type: ignore[no-untyped-def]
-        url = f"sqlite:///{directory / 'ftplane.db'}"
-        upgrade_to_head(url=url)
-        yield url
-
-    return database()
 
 
 def report(outcomes: list[Outcome]) -> str:

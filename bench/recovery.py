@@ -133,7 +133,10 @@ def run_rung(api: Client, workdir: Path, rung: Rung, faults: int) -> list[Measur
     passed = 8
     for i in range(faults):
         # Each fault comes after the job got past the previous one (else ftplane rightly calls it stuck).
-        wait("progress", lambda at=passed: step() >= at and len(steps_after(rank0, time.time() - 1.5)) >= 3)
+        def past(at: int = passed) -> bool:
+            return step() >= at and len(steps_after(rank0, time.time() - 1.5)) >= 3
+
+        wait("progress", past)
         passed = step() + 8
         wait("a checkpoint", lambda: events("checkpoint_saved"))
         body: dict[str, Any] = {"kind": rung.kind, "rank": rung.rank}

@@ -112,7 +112,7 @@ def _simulate(url: str, args: argparse.Namespace, slowed: bool) -> RunFigures:
     from api.database.tables import Event, StragglerSample
     from api.schemas.events import EventType, utcnow
     from api.schemas.reports import NodeReport
-    from api.services.liveness_writer import LivenessWriter
+    from api.services.ingest.liveness_writer import LivenessWriter
     from workers.supervision import detect_stragglers
 
     rng = random.Random(args.seed + (1 if slowed else 0))
@@ -218,7 +218,7 @@ def _running_job(args: argparse.Namespace) -> tuple[str, Any]:
             "name": "stragglers-bench",
             "backend": "kubernetes",
             "image": "registry.example/trainer:bench",
-            "command": ["python", "-m", "trainer"],
+            "command": ["python", "-m", "ftplane.trainer"],
             "nodes": args.nodes,
             "procs_per_node": args.procs,
             "checkpoint": {"engine": "none"},

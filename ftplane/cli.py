@@ -1,26 +1,32 @@
-"""The `ftplane` command line: run the control plane, and talk to it over HTTP."""
+"""The `ftplane` command line: its commands on jobs and tokens, over HTTP; `serve` is in ftplane/serve.py."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-import typer
-import yaml
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
+try:
+    import typer
+    import yaml
+    from pydantic import ValidationError
+    from rich.table import Table
+except ImportError as missing:  # a training image's base install has the node side only
+    raise SystemExit(
+        f"the ftplane command needs the control plane's packages ({missing.name} is missing): "
+        "pip install 'ftplane[server]'"
+    ) from None
 
-from ftplane.client import ADMIN_TOKEN_FILE, ApiFailure, Client
+from ftplane.access import audit, project_app
+from ftplane.client import ApiFailure, Client
+from ftplane.fleet_commands import get_objectives, goodput
+from ftplane.node_commands import register as register_node_commands
+from ftplane.serve import serve
+from ftplane.terminal import Output, OutputOpt, call, console, err, fail, print_json
 
 app = typer.Typer(
     help="ftplane: a control plane for fault-tolerant distributed PyTorch training.", no_args_is_help=True
@@ -31,51 +37,37 @@ token_app = typer.Typer(help="Manage API tokens (run where the database is reach
 app.add_typer(get_app, name="get")
 app.add_typer(describe_app, name="describe")
 app.add_typer(token_app, name="token")
-
-console = Console()
-err = Console(stderr=True)
+app.add_typer(project_app, name="project")
+app.command()(serve)
+app.command()(audit)
+register_node_commands(app, get_app, describe_app)
+app.command()(goodput)
+get_app.command("objectives")(get_objectives)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-KEEP_ALIVE_S = 75  # longer than a node agent's keep-alive (60 s), so the agent, not the server, closes
 
 
-class Output(StrEnum):
-    table = "table"
-    json = "json"
-
-
-OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
 SpecOpt = Annotated[Path, typer.Option("--file", "-f", help="Job spec (YAML or JSON).", exists=True, dir_okay=False)]
-
-
-def fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(code)
 
 
 def client() -> Client:
     return Client()
 
 
-def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except ApiFailure as exc:
-        fail(exc.message if exc.status else str(exc))
-
-
 def load_spec(path: Path) -> dict[str, Any]:
+    """The spec in `path`; for the local backend (which runs jobs on this host), a relative `working_dir` made
+    absolute against the directory this command runs in."""
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         fail(f"{path} is not valid YAML or JSON: {exc}")
     if not isinstance(data, dict):
         fail(f"{path} must hold a mapping (the job spec)")
-    return dict(data)
-
-
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    spec = dict(data)
+    workdir = spec.get("working_dir")
+    if spec.get("backend", "local") == "local" and isinstance(workdir, str) and not workdir.startswith("/"):
+        spec["working_dir"] = str((Path.cwd() / workdir).resolve())
+    return spec
 
 
 def fmt_event(e: dict[str, Any]) -> str:
@@ -92,130 +84,13 @@ def fmt_event(e: dict[str, Any]) -> str:
     return f"{e['ts'][:23]}  a{e['attempt']}  {e['type']:<18} {where} {cause}".rstrip()
 
 
-# ---- running the control plane -------------------------------------------------------------
-
-
-class Part(StrEnum):
-    all = "all"
-    api = "api"
-    worker = "worker"
-    beat = "beat"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def bootstrap_admin_token() -> None:
-    """Embedded set-up only: make a first admin token and keep it where the CLI finds it."""
-    from api.core.config import get_settings
-    from api.core.db import session_scope
-    from api.models import tokens
-
-    settings = get_settings()
-    path = Path(settings.data_dir) / ADMIN_TOKEN_FILE
-    if settings.database_url or path.exists():
-        return
-    with session_scope() as session:
-        if any(t.role == "admin" and t.revoked_at is None for t in tokens.list_tokens(session)):
-            return
-        _, token = tokens.create_admin(session, "bootstrap (ftplane serve)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    err.print(f"created an admin token and saved it to {path} (the CLI uses it when FTPLANE_TOKEN is unset)")
-
-
-def die_with_parent() -> None:
-    """In the child: the kernel sends SIGTERM when `ftplane serve` dies, however it dies (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def celery_command(part: Part, loglevel: str = "INFO") -> list[str]:
-    """The worker (with embedded beat for `all`) or beat process of `ftplane serve`."""
-    base = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app"]
-    if part == Part.beat:
-        return [*base, "beat", f"--loglevel={loglevel}"]
-    command = [*base, "worker", f"--loglevel={loglevel}", "--pool=solo", "--without-gossip", "--without-mingle"]
-    if part == Part.all:
-        command.append("--beat")
-    return command
-
-
-@app.command()
-def serve(
-    host: Annotated[str | None, typer.Option(help="Listen address (FTPLANE_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Listen port (FTPLANE_PORT).")] = None,
-    only: Annotated[Part, typer.Option(help="Run one part only: api, worker or beat.")] = Part.all,
-    workers: Annotated[int, typer.Option(help="API worker processes.")] = 1,
-) -> None:
-    """Run the control plane: API, worker and beat in one command on embedded defaults."""
-    if host:
-        os.environ["FTPLANE_HOST"] = host
-    if port:
-        os.environ["FTPLANE_PORT"] = str(port)
-    from api.core.config import get_settings
-    from api.core.db import upgrade_to_head
-
-    get_settings.cache_clear()
-    settings = get_settings()
-    if not settings.auth_enabled and not is_loopback(settings.host):
-        fail(f"FTPLANE_AUTH=disabled is refused on the non-loopback address {settings.host}: enable auth")
-    upgrade_to_head(settings)
-    if only == Part.all and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        # API and worker are separate processes on this host: /metrics sums both (restarts are counted
-        # by the worker's supervisor). Stale files of an earlier run would be summed too, so start empty.
-        metrics_dir = (Path(settings.data_dir) / "prometheus").resolve()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        metrics_dir.mkdir(parents=True)
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-    if only in (Part.all, Part.api):
-        bootstrap_admin_token()
-    children: list[subprocess.Popen[bytes]] = []
-    if only in (Part.worker, Part.beat):
-        os.execv(sys.executable, celery_command(only))
-    if only == Part.all:
-        children.append(subprocess.Popen(celery_command(Part.all), preexec_fn=die_with_parent))
-
-    def stop(*_: object) -> None:
-        for child in children:
-            child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-
-    import uvicorn
-
-    # uvicorn re-raises SIGTERM after its graceful shutdown; exit through `finally` so the worker is stopped too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    err.print(f"ftplane API on http://{settings.host}:{settings.port} (docs at /docs)")
-    try:
-        uvicorn.run(
-            "api.main:create_served_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=workers,
-            log_level=settings.log_level.lower(),
-            # node agents report every 1-30 s on one kept connection; uvicorn's default closes it after 5 s idle
-            timeout_keep_alive=KEEP_ALIVE_S,
-            access_log=settings.access_log,
-        )
-    finally:
-        stop()
+def fmt_log_line(text: str, *, whose: bool, output: Output) -> str:
+    """One NDJSON line of the logs route as the command prints it: as it came (json), or the rank's line, with
+    its rank in front when several ranks are shown."""
+    if output == Output.json:
+        return text
+    line = json.loads(text)
+    return f"[rank{line['rank']}] {line['line']}" if whose else str(line["line"])
 
 
 # ---- jobs ----------------------------------------------------------------------------------
@@ -244,11 +119,12 @@ def get_jobs(
     if output == Output.json:
         print_json(page)
         return
-    table = Table("ID", "NAME", "STATUS", "BACKEND", "ATTEMPT", "CREATED", "REASON")
+    table = Table("ID", "NAME", "PROJECT", "STATUS", "BACKEND", "ATTEMPT", "CREATED", "REASON")
     for job in page["items"]:
         table.add_row(
             job["id"],
             job["name"],
+            job["project"],
             job["status"],
             job["backend"],
             str(job["attempt"]),
@@ -265,8 +141,8 @@ def describe_job(job_id: str, output: OutputOpt = Output.table) -> None:
     if output == Output.json:
         print_json(job)
         return
-    console.print(f"[bold]{job['name']}[/bold]  {job['id']}")
-    console.print(f"status: {job['status']}  {job.get('status_reason') or ''}")
+    console.print(f"[bold]{job['name']}[/bold]  {job['id']}  project: {job['project']}")
+    console.print(f"status: {job['status']}  {job.get('status_reason') or ''}", markup=False)  # causes quote [...]
     console.print(f"attempt: {job['attempt']}  job restarts: {job['job_restarts']}  backend: {job['backend']}")
     if job["excluded_nodes"]:
         console.print(f"excluded nodes: {', '.join(job['excluded_nodes'])}")
@@ -284,7 +160,20 @@ def describe_job(job_id: str, output: OutputOpt = Output.table) -> None:
     console.print(yaml.safe_dump(job["spec"], sort_keys=False).rstrip())
     console.print("recent events:")
     for event in job["recent_events"]:
-        console.print("  " + fmt_event(event), highlight=False)
+        console.print("  " + fmt_event(event), highlight=False, markup=False)
+    failure = last_failure(job_id)
+    if failure is not None:
+        cause = failure["details"]["cause"]
+        console.print(f"last failure ({failure['type']}, attempt {failure['attempt']}): {cause}", markup=False)
+        console.print("  " + failure["details"]["tail"].replace("\n", "\n  "), highlight=False, markup=False)
+        console.print(f"  (all of it: ftplane logs {job_id} --attempt {failure['attempt']})", highlight=False)
+
+
+def last_failure(job_id: str) -> dict[str, Any] | None:
+    """The newest restart or end whose cause carries the failed rank's last lines."""
+    found = call(client().all_events, job_id, type=["injob_restart", "job_restart", "failed"])
+    with_tail = [e for e in found if isinstance(e.get("details", {}).get("tail"), str)]
+    return with_tail[-1] if with_tail else None
 
 
 @app.command()
@@ -305,7 +194,7 @@ def events(
             if output == Output.json:
                 sys.stdout.write(json.dumps(event, default=str) + "\n")
             else:
-                console.print(fmt_event(event), highlight=False)
+                console.print(fmt_event(event), highlight=False, markup=False)
             cursor = event["id"]
         sys.stdout.flush()
         if page["next_cursor"]:
@@ -313,6 +202,39 @@ def events(
         if not follow or call(api.job, job_id)["status"] in TERMINAL and not page["items"]:
             return
         time.sleep(1.0)
+
+
+@app.command()
+def logs(
+    job_id: str,
+    rank: Annotated[int | None, typer.Option("--rank", help="One rank's lines (default: every rank's).")] = None,
+    node: Annotated[str | None, typer.Option("--node", help="One node's ranks.")] = None,
+    attempt: Annotated[int | None, typer.Option("--attempt", help="Default: the newest.")] = None,
+    tail: Annotated[int | None, typer.Option("--tail", help="The last N lines.")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines while the ranks run.")
+    ] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """What a job's ranks printed, like `kubectl logs`: each line with its rank, or one rank's lines as printed."""
+    params: dict[str, Any] = {"rank": rank, "node": node, "attempt": attempt, "tail": tail}
+    params = {k: v for k, v in params.items() if v is not None} | ({"follow": "true"} if follow else {})
+    api, cursor, first = client(), None, True
+    try:
+        while True:
+            with api.logs(job_id, **params, **({"cursor": cursor} if cursor else {})) as response:
+                for said in (response.headers.get("ftplane-logs-notice"), response.headers.get("link")):
+                    if said and first:
+                        err.print(said, highlight=False, markup=False)
+                for text in response.iter_lines():
+                    if text:  # a blank line is a keep-alive
+                        sys.stdout.write(fmt_log_line(text, whose=rank is None, output=output) + "\n")
+                        sys.stdout.flush()
+                cursor, first = response.headers.get("ftplane-next-cursor"), False
+            if not cursor:
+                return
+    except ApiFailure as exc:
+        fail(exc.message if exc.status else str(exc))
 
 
 @app.command()
@@ -375,23 +297,39 @@ def render(file: SpecOpt) -> None:
 # ---- tokens ----------------------------------------------------------------------------------
 
 
+class TokenRole(StrEnum):
+    viewer = "viewer"
+    operator = "operator"
+    admin = "admin"
+
+
 @token_app.command("create")
 def token_create(
     name: Annotated[str, typer.Option(help="What the token is for.")] = "admin",
+    project: Annotated[str | None, typer.Option(help="The project it acts in; absent: a cluster admin's.")] = None,
+    role: Annotated[TokenRole | None, typer.Option(help="Its role in --project (default viewer).")] = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Create an admin token (written to the database directly: no token needed to make the first one)."""
+    """Create a token with a role in a project, or a cluster admin's (written to the database directly: no token
+    needed to make the first one)."""
+    from api import models
+    from api.core.authz import Role
     from api.core.db import session_scope, upgrade_to_head
-    from api.models import tokens
 
+    if role is not None and project is None:
+        fail("--role needs --project (a token without a project is a cluster admin's)")
     upgrade_to_head()
     with session_scope() as session:
-        row, token = tokens.create_admin(session, name)
-        token_id = row.id
+        if project is not None and models.projects.get(session, project) is None:
+            fail(f"unknown project {project!r}: make it first (ftplane project create {project})")
+        given = Role((role or TokenRole.viewer).value) if project is not None else None
+        row, token = models.tokens.create(session, name, project=project, role=given)
+        token_id, token_role = row.id, row.role
     if output == Output.json:
-        print_json({"id": token_id, "name": name, "role": "admin", "token": token})
+        print_json({"id": token_id, "name": name, "project": project, "role": token_role, "token": token})
     else:
-        console.print(f"admin token {token_id} ({name}), shown once:")
+        where = f" in project {project}" if project else ""
+        console.print(f"{token_role} token {token_id} ({name}){where}, shown once:")
         sys.stdout.write(token + "\n")
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,15 @@ def default_token() -> str | None:
         return None
 
 
+def failure_of(response: httpx.Response) -> ApiFailure:
+    try:
+        body = response.json()
+        message = body.get("error", {}).get("message") or response.text
+    except ValueError:
+        body, message = None, response.text
+    return ApiFailure(response.status_code, message, body)
+
+
 class Client:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         token = token if token is not None else default_token()
@@ -51,15 +62,26 @@ class Client:
         except httpx.TransportError as exc:
             raise ApiFailure(0, f"cannot reach ftplane at {self.http.base_url}: {exc}") from exc
         if response.status_code >= 400:
-            try:
-                body = response.json()
-                message = body.get("error", {}).get("message") or response.text
-            except ValueError:
-                body, message = None, response.text
-            raise ApiFailure(response.status_code, message, body)
+            raise failure_of(response)
         if response.status_code == 204 or not response.content:
             return None
         return response.json()
+
+    @contextmanager
+    def logs(self, job_id: str, **params: Any) -> Iterator[httpx.Response]:
+        """`GET /v1/jobs/{id}/logs` as NDJSON, streamed (a follow holds it open as long as lines come)."""
+        timeout = httpx.Timeout(30.0, read=None if params.get("follow") else 30.0)
+        headers = {"Accept": "application/x-ndjson"}
+        try:
+            with self.http.stream(
+                "GET", f"/v1/jobs/{job_id}/logs", params=params, headers=headers, timeout=timeout
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise failure_of(response)
+                yield response
+        except httpx.TransportError as exc:
+            raise ApiFailure(0, f"cannot reach ftplane at {self.http.base_url}: {exc}") from exc
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return dict(self.request("POST", "/v1/jobs", json=spec))

@@ -89,6 +89,7 @@ def ftplane_server(
         FTPLANE_PORT=str(port),
         FTPLANE_URL=f"http://127.0.0.1:{port}",
         FTPLANE_SUPERVISE_INTERVAL_S="0.5",
+        FTPLANE_FLEET_INTERVAL_S="2",
         COLUMNS="200",
     )
     env.update(extra_env)  # a caller may override the defaults above (e.g. the supervision period)
@@ -99,7 +100,7 @@ def ftplane_server(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         server = subprocess.Popen(
-            [sys.executable, "-m", "ftplane.cli", "serve"],
+            [sys.executable, "-P", "-m", "ftplane.cli", "serve"],
             env=env,
             cwd=workdir,
             stdout=log_file,

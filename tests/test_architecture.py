@@ -1,23 +1,39 @@
 """The package boundaries, read from the source: every import statement (at the top of a module,
 inside a function, or under TYPE_CHECKING) and every `importlib.import_module("...")` of a literal.
 
+Modules are named as they are imported: trainer/ is the package `ftplane.trainer` (ftplane/trainer
+links to it), so that a user's own `trainer.py` never shadows the node side.
+
 - api/ is the HTTP service and the domain: it never imports workers/ (work is handed over by task
-  name through api/core/queue.py) nor the operator tools in ftplane/;
-- trainer/ runs inside the training container: it imports nothing from api/, workers/ or ftplane/
-  (HTTP is its only contract with them);
-- no import cycle among the modules of api/, workers/ and trainer/.
+  name through api/core/queue.py) nor the operator tools in ftplane/; of the node side, only the
+  contract (ftplane/contract.py);
+- the node side (ftplane.trainer, ftplane.sdk, ftplane.contract) runs inside the training
+  container: it imports nothing from api/, workers/ or the operator tools (HTTP and the contract
+  are its only ties to them), and nothing but the standard library, httpx and the training
+  libraries (torch, NVRx, NVML): a training image installs it without the control plane's packages;
+- the contract imports only the standard library;
+- nothing imports the bare name `trainer`;
+- no import cycle among our modules.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("api", "workers", "trainer", "ftplane")
+from tests.support.paths import REPO
+
+PACKAGES = ("api", "workers", "ftplane", "trainer")
+NODE_SIDE = ("ftplane.trainer", "ftplane.sdk", "ftplane.contract", "ftplane")  # "ftplane": its __init__ only
+CONTRACT = "ftplane.contract"
+# what the node side may import besides the standard library and itself (the frameworks its callbacks are for)
+NODE_SIDE_LIBRARIES = {"httpx", "torch", "nvidia_resiliency_ext", "numpy", "pynvml", "lightning", "transformers"}
+# workers/ may read the node side's /proc helpers (the local backend watches the agents' processes)
+WORKERS_FROM_NODE_SIDE = {CONTRACT, "ftplane.trainer.agent.processes"}
 
 
 @dataclass(frozen=True)
@@ -31,13 +47,21 @@ class Import:
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = path.relative_to(REPO).with_suffix("").parts
+    if parts[0] == "trainer":
+        parts = ("ftplane", *parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 @cache
 def modules() -> dict[str, Path]:
-    return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+    link = REPO / "ftplane" / "trainer"
+    return {
+        module_name(path): path
+        for package in PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+        if link not in path.parents  # walked once, as trainer/
+    }
 
 
 def imports_of(module: str, path: Path) -> Iterator[Import]:
@@ -74,6 +98,18 @@ def all_imports() -> tuple[Import, ...]:
 
 def top(name: str) -> str:
     return name.split(".")[0]
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def is_node_side(name: str) -> bool:
+    return name == "ftplane" or any(within(name, side) for side in NODE_SIDE[:-1])
+
+
+def is_operator_tool(name: str) -> bool:
+    return top(name) == "ftplane" and not is_node_side(name)
 
 
 def known(target: str) -> str | None:
@@ -145,26 +181,68 @@ def cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
 
 def test_the_walk_sees_the_code() -> None:
     found = modules()
-    assert {"api.main", "api.core.queue", "workers.celery_app", "trainer.train", "ftplane.cli"} <= set(found)
+    assert {"api.main", "api.core.queue", "workers.celery_app", "ftplane.trainer.train", "ftplane.cli"} <= set(found)
+    assert {CONTRACT, "ftplane.sdk", "ftplane.trainer.agent.node"} <= set(found)
     assert any(top(i.target) == "api" for i in all_imports() if top(i.module) == "workers")
 
 
 def test_api_imports_neither_workers_nor_the_operator_tools() -> None:
-    found = crossings("api", {"workers", "ftplane"})
+    found = sorted(
+        str(i)
+        for i in all_imports()
+        if top(i.module) == "api"
+        and (top(i.target) == "workers" or (top(i.target) == "ftplane" and not within(i.target, CONTRACT)))
+    )
     assert not found, "api/ hands work over through api/core/queue.py, by task name:\n" + "\n".join(found)
 
 
-def test_trainer_imports_nothing_of_the_control_plane() -> None:
-    found = crossings("trainer", {"api", "workers", "ftplane"})
-    assert not found, "trainer/ talks to the control plane over HTTP only:\n" + "\n".join(found)
+def test_workers_import_of_the_node_side_only_the_contract_and_process_helpers() -> None:
+    found = sorted(
+        str(i)
+        for i in all_imports()
+        if top(i.module) == "workers"
+        and top(i.target) == "ftplane"
+        and not any(within(i.target, allowed) for allowed in WORKERS_FROM_NODE_SIDE)
+    )
+    assert not found, "workers/ may use the contract and the /proc helpers of the node side:\n" + "\n".join(found)
 
 
-def test_no_import_cycle_among_api_workers_and_trainer() -> None:
-    inside = {"api", "workers", "trainer"}
-    graph: dict[str, set[str]] = {m: set() for m in modules() if top(m) in inside}
+def test_the_node_side_imports_nothing_of_the_control_plane() -> None:
+    found = sorted(
+        str(i)
+        for i in all_imports()
+        if is_node_side(i.module) and (top(i.target) in {"api", "workers"} or is_operator_tool(i.target))
+    )
+    assert not found, "the node side talks to the control plane over HTTP and the contract only:\n" + "\n".join(found)
+
+
+def test_the_node_side_needs_only_the_standard_library_httpx_and_training_libraries() -> None:
+    allowed = set(sys.stdlib_module_names) | NODE_SIDE_LIBRARIES | {"ftplane"}
+    found = sorted(str(i) for i in all_imports() if is_node_side(i.module) and top(i.target) not in allowed)
+    assert not found, "a training image installs the node side with httpx only:\n" + "\n".join(found)
+
+
+def test_the_contract_imports_only_the_standard_library() -> None:
+    found = sorted(
+        str(i)
+        for i in all_imports()
+        if within(i.module, CONTRACT) and top(i.target) not in set(sys.stdlib_module_names)
+    )
+    assert not found, "the contract is imported on both sides: standard library only:\n" + "\n".join(found)
+
+
+def test_nothing_imports_the_shadowable_name_trainer() -> None:
+    found = sorted(str(i) for i in all_imports() if top(i.target) == "trainer")
+    assert not found, "trainer/ is imported as ftplane.trainer (a user's trainer.py would shadow it):\n" + "\n".join(
+        found
+    )
+
+
+def test_no_import_cycle_among_our_modules() -> None:
+    graph: dict[str, set[str]] = {m: set() for m in modules()}
     for found in all_imports():
         target = known(found.target)
-        if found.module in graph and target in graph and target != found.module:
+        if target in graph and target != found.module:
             graph[found.module].add(target)
     loops = cycles(graph)
     assert not loops, "import cycles:\n" + "\n".join(" -> ".join(loop) for loop in loops)

@@ -1,8 +1,8 @@
-"""`python -m trainer ...`: what ft_launcher runs on every rank."""
+"""`python -m ftplane.trainer ...`: what ft_launcher runs on every rank."""
 
 import sys
 
-from trainer.train import main
+from ftplane.trainer.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

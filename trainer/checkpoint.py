@@ -2,7 +2,7 @@
 
 - `sync`: `dcp.save`; the step blocks for the whole save.
 - `async`: the step blocks only to stage the state; the write goes on in the
-  background. On CUDA through NVRx's async writer (`nvrx.NvrxAsyncSaver`), on
+  background. On CUDA through NVRx's async writer (`nvrx.async_checkpoint.NvrxAsyncSaver`), on
   the CPU through `dcp.async_save` over a gloo group of its own.
 - `none`: no checkpoint is written or read.
 
@@ -16,20 +16,28 @@ checkpoint is complete. The newest `keep` complete checkpoints are kept; older
 ones are deleted on a background thread (deleting tens of GB takes seconds), never
 on the training thread.
 
+Each checkpoint names the job that wrote it (`ftplane-owner.json`, written by rank 0
+before the save, and the complete marker): a Checkpointer loads, and deletes, only its
+own job's (FTPLANE_JOB_ID; none outside a job), so even two jobs given the same
+directory never resume from, nor delete, each other's. The backends give each job a
+directory of its own anyway (workers/backends/checkpoint_storage.py). A job started
+with `checkpoint.resume_from` gets the other job's directory too, read-only
+(FTPLANE_CHECKPOINT_RESUME_FROM): when its own directory has no complete checkpoint
+yet, it loads the newest complete one there, and never writes or deletes anything in it.
+
 Rank 0 reports `checkpoint_saved` (step, blocking and total seconds, bytes: what
 goodput reads) and `checkpoint_loaded` through an `EventSink` (trainer/sdk/sink.py;
-the SDK's run is one, and `trainer.sdk.checkpointer(run)` builds a Checkpointer
+the SDK's run is one, and `ftplane.trainer.sdk.checkpointer(run)` builds a Checkpointer
 wired to it).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,67 +51,40 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainer.sdk.sink import checkpoint_saved_details
+from ftplane.contract import Env, EventType
+from ftplane.trainer.checkpoint_layout import (
+    COMPLETE_MARKER,
+    OWNER_FILE,
+    CheckpointInfo,
+    directory_bytes,
+    is_complete,
+    latest_complete,
+    list_checkpoints,
+    owner_of,
+    rotate,
+    step_dir,
+    write_json,
+)
+from ftplane.trainer.sdk.sink import checkpoint_saved_details
+
+__all__ = [  # the layout's names, for the code that has always imported them from here
+    "COMPLETE_MARKER",
+    "Checkpointer",
+    "CheckpointInfo",
+    "is_complete",
+    "latest_complete",
+    "list_checkpoints",
+    "local_tensors",
+    "rotate",
+    "step_dir",
+]
 
 if TYPE_CHECKING:
-    from trainer.sdk.sink import EventSink
+    from ftplane.trainer.sdk.sink import EventSink
 
 log = logging.getLogger(__name__)
 
-COMPLETE_MARKER = "ftplane-complete.json"
 ENGINES = ("sync", "async", "none")
-STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    path: Path
-    complete: bool
-
-
-def is_complete(path: Path) -> bool:
-    return (path / COMPLETE_MARKER).is_file() and (path / ".metadata").is_file()
-
-
-def list_checkpoints(root: Path) -> list[CheckpointInfo]:
-    """Every step directory under root, oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = STEP_DIR.match(entry.name)
-        if match and entry.is_dir():
-            found.append(CheckpointInfo(int(match.group(1)), entry, is_complete(entry)))
-    return sorted(found, key=lambda c: c.step)
-
-
-def latest_complete(root: Path) -> CheckpointInfo | None:
-    complete = [c for c in list_checkpoints(root) if c.complete]
-    return complete[-1] if complete else None
-
-
-def directory_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def rotate(root: Path, keep: int) -> list[Path]:
-    """Delete complete checkpoints beyond the newest `keep`, and incomplete ones older than the newest
-    complete one (dead: nothing will finish them). Newer incomplete ones may still be being written."""
-    checkpoints = list_checkpoints(root)
-    complete = [c for c in checkpoints if c.complete]
-    if not complete:
-        return []
-    newest = complete[-1].step
-    doomed = [c.path for c in complete[:-keep]] if keep > 0 else []
-    doomed += [c.path for c in checkpoints if not c.complete and c.step < newest]
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return doomed
 
 
 def local_tensors(state: Any, device_type: str) -> list[torch.Tensor]:
@@ -116,22 +97,13 @@ def local_tensors(state: Any, device_type: str) -> list[torch.Tensor]:
     return [t for value in values for t in local_tensors(value, device_type)]
 
 
-def _write_marker(path: Path, record: dict[str, Any]) -> None:
-    tmp = path / f".{COMPLETE_MARKER}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / COMPLETE_MARKER)
-
-
 @dataclass
 class _InFlight:
     step: int
     path: Path
     started: float
     blocking_s: float
-    future: Future | None = None  # dcp.async_save
+    future: Future[Any] | None = None  # dcp.async_save
     finalized: bool = False  # NVRx: set by the finalize callback
     stages: dict[str, float] | None = None  # NVRx: where the blocking time went
 
@@ -147,7 +119,13 @@ class Checkpointer:
         rank: int,
         reporter: EventSink,
         device: torch.device,
+        job_id: str | None = None,
+        resume_from: Path | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
+        """`job_id` (default FTPLANE_JOB_ID) owns what this Checkpointer writes; `resume_from` (default
+        FTPLANE_CHECKPOINT_RESUME_FROM) is another job's directory to start from, read-only."""
+        env = os.environ if environ is None else environ
         if engine not in ENGINES:
             raise ValueError(f"checkpoint engine {engine!r} is not one of {', '.join(ENGINES)}")
         self.engine = engine if root is not None else "none"
@@ -162,9 +140,12 @@ class Checkpointer:
         self._group: dist.ProcessGroup | None = None
         self._janitor: ThreadPoolExecutor | None = None  # rank 0: rotation off the training thread
         self.last_saved_step: int | None = None
+        self.job_id = job_id if job_id is not None else env.get(Env.JOB_ID) or None
+        resume = resume_from if resume_from is not None else env.get(Env.CHECKPOINT_RESUME_FROM) or None
+        self.resume_from = Path(resume) if resume else None
         if self.engine == "async":
             if device.type == "cuda":
-                from trainer.nvrx import NvrxAsyncSaver
+                from ftplane.trainer.nvrx.async_checkpoint import NvrxAsyncSaver
 
                 self._nvrx = NvrxAsyncSaver()
             else:
@@ -181,23 +162,42 @@ class Checkpointer:
 
     # --- loading ------------------------------------------------------------------------------------
 
+    def _choose(self) -> CheckpointInfo | None:
+        """Rank 0: this job's newest complete checkpoint (its newer incomplete ones deleted: they would be written
+        into again), else the newest complete one of the job it resumes from (read-only: nothing deleted there)."""
+        assert self.root is not None
+        present = list_checkpoints(self.root)
+        own = [c for c in present if c.owner == self.job_id]
+        complete = [c for c in own if c.complete]
+        latest = complete[-1] if complete else None
+        for c in own:
+            if not c.complete and (latest is None or c.step > latest.step):
+                log.warning("skipping incomplete checkpoint %s (deleted)", c.path)
+                shutil.rmtree(c.path, ignore_errors=True)
+        skipped = len(present) - len(own)
+        if skipped:
+            log.warning(
+                "%d checkpoint(s) under %s belong to another job: neither loaded nor deleted", skipped, self.root
+            )
+        if latest is None and self.resume_from is not None:
+            latest = latest_complete(self.resume_from)
+            if latest is None:
+                log.warning("checkpoint.resume_from: no complete checkpoint under %s; starting fresh", self.resume_from)
+        return latest
+
     def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the newest complete checkpoint (rank 0 picks it for everyone); returns its step, or 0."""
         if not self.enabled:
             return 0
         assert self.root is not None
-        choice: list[Any] = [None]
+        choice: list[tuple[int, str, str | None] | None] = [None]
         if self.rank == 0:
-            latest = latest_complete(self.root)
-            for c in list_checkpoints(self.root):
-                if not c.complete and (latest is None or c.step > latest.step):
-                    log.warning("skipping incomplete checkpoint %s (deleted)", c.path)
-                    shutil.rmtree(c.path, ignore_errors=True)
-            choice = [None if latest is None else (latest.step, str(latest.path))]
+            latest = self._choose()
+            choice = [None if latest is None else (latest.step, str(latest.path), latest.owner)]
         dist.broadcast_object_list(choice, src=0)  # also the barrier after the clean-up above
         if choice[0] is None:
             return 0
-        step, path = choice[0]
+        step, path, owner = choice[0]
         started = time.monotonic()
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path)  # in place
@@ -206,9 +206,12 @@ class Checkpointer:
         self.last_saved_step = step
         if self.rank == 0:
             log.info("resumed from %s (step %d) in %.2f s", path, step, load_s)
+            details: dict[str, Any] = {"step": step, "path": path, "load_s": round(load_s, 4), "engine": self.engine}
+            if owner != self.job_id:
+                details["from_job"] = owner  # checkpoint.resume_from: another job's checkpoint, read-only
             self.reporter.event(
-                "checkpoint_loaded",
-                details={"step": step, "path": path, "load_s": round(load_s, 4), "engine": self.engine},
+                EventType.checkpoint_loaded,
+                details=details,
                 step=step,
                 rank=self.rank,
             )
@@ -229,6 +232,15 @@ class Checkpointer:
         started = time.monotonic()
         self.wait()  # one save at a time: the next may not start before the previous is complete
         path = step_dir(self.root, step)
+        if self.rank == 0:  # before any rank writes: an incomplete checkpoint is known to be this job's too
+            other = owner_of(path) if path.is_dir() else None  # (another rank may have made it: unowned)
+            if other is not None and other != self.job_id:
+                raise RuntimeError(
+                    f"{path} holds a checkpoint of job {other}: refusing to write over it; give each job "
+                    "a checkpoint directory of its own"
+                )
+            path.mkdir(parents=True, exist_ok=True)
+            write_json(path, OWNER_FILE, {"job_id": self.job_id, "step": step})
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
         self.last_saved_step = step
@@ -248,7 +260,7 @@ class Checkpointer:
             self._in_flight = in_flight
         else:
             result: Any = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
-            future: Future = getattr(result, "upload_completion", result)  # AsyncSaveResponse on newer torch
+            future: Future[Any] = getattr(result, "upload_completion", result)  # AsyncSaveResponse on newer torch
             self._in_flight = _InFlight(step, path, started, time.monotonic() - started, future=future)
 
     def poll(self) -> None:
@@ -333,9 +345,11 @@ class Checkpointer:
         total_s = time.monotonic() - started
         if blocking_s is None:
             blocking_s = total_s
-        _write_marker(
+        write_json(
             path,
+            COMPLETE_MARKER,
             {
+                "job_id": self.job_id,
                 "step": step,
                 "engine": self.engine,
                 "bytes": size,
@@ -360,13 +374,13 @@ class Checkpointer:
         )
         if stages:
             details["blocking_stages_s"] = {k: round(v, 4) for k, v in stages.items()}
-        self.reporter.event("checkpoint_saved", details=details, step=step, rank=self.rank)
+        self.reporter.event(EventType.checkpoint_saved, details=details, step=step, rank=self.rank)
 
     def _rotate(self) -> None:
         assert self.root is not None
         started = time.monotonic()
         try:
-            deleted = rotate(self.root, self.keep)
+            deleted = rotate(self.root, self.keep, self.job_id)
         except Exception as exc:  # a failed deletion must not stop the next ones
             log.warning("deleting old checkpoints under %s failed: %s", self.root, exc)
             return

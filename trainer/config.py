@@ -2,7 +2,7 @@
 
 Each field may name the environment variable the control plane sets for it
 (`FTPLANE_*`); a command-line flag (`--field-name`) overrides the environment,
-so `python -m trainer --model tiny --steps 20` runs standalone with no
+so `python -m ftplane.trainer --model tiny --steps 20` runs standalone with no
 environment at all. What says who the process reports for (job, attempt, the
 node agent's socket, injected faults) is the SDK's to read (trainer/sdk), not
 this file's: the built-in trainer reports through the SDK like any other
@@ -18,6 +18,8 @@ import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from ftplane.contract import Env
 
 CheckpointEngine = Literal["sync", "async", "none"]
 CHECKPOINT_ENGINES: tuple[str, ...] = get_args(CheckpointEngine)
@@ -75,27 +77,27 @@ class Config:
     # --- checkpointing ---
     checkpoint_dir: str | None = field(
         default=None,
-        metadata={**_env("FTPLANE_CHECKPOINT_DIR"), "help": "shared checkpoint directory"},
+        metadata={**_env(Env.CHECKPOINT_DIR), "help": "shared checkpoint directory"},
     )
     checkpoint_engine: str = field(
-        default="sync", metadata={**_env("FTPLANE_CHECKPOINT_ENGINE"), "help": "sync | async | none"}
+        default="sync", metadata={**_env(Env.CHECKPOINT_ENGINE), "help": "sync | async | none"}
     )
     checkpoint_interval: int = field(
-        default=100, metadata={**_env("FTPLANE_CHECKPOINT_INTERVAL"), "help": "save every N steps"}
+        default=100, metadata={**_env(Env.CHECKPOINT_INTERVAL), "help": "save every N steps"}
     )
     checkpoint_keep: int = field(
-        default=2, metadata={**_env("FTPLANE_CHECKPOINT_KEEP"), "help": "complete checkpoints kept on disk"}
+        default=2, metadata={**_env(Env.CHECKPOINT_KEEP), "help": "complete checkpoints kept on disk"}
     )
     # --- NVRx in-process restart ---
     inprocess: bool = field(
-        default=False, metadata={**_env("FTPLANE_INPROCESS"), "help": "wrap training in inprocess.Wrapper"}
+        default=False, metadata={**_env(Env.INPROCESS), "help": "wrap training in inprocess.Wrapper"}
     )
-    inprocess_soft_timeout_s: float = field(default=60.0, metadata=_env("FTPLANE_INPROCESS_SOFT_TIMEOUT_S"))
-    inprocess_hard_timeout_s: float = field(default=90.0, metadata=_env("FTPLANE_INPROCESS_HARD_TIMEOUT_S"))
+    inprocess_soft_timeout_s: float = field(default=60.0, metadata=_env(Env.INPROCESS_SOFT_TIMEOUT_S))
+    inprocess_hard_timeout_s: float = field(default=90.0, metadata=_env(Env.INPROCESS_HARD_TIMEOUT_S))
     inprocess_max_iterations: int = field(
         default=10,
         metadata={
-            **_env("FTPLANE_INPROCESS_MAX_ITERATIONS"),
+            **_env(Env.INPROCESS_MAX_ITERATIONS),
             "help": "in-process restarts allowed per process",
         },
     )
@@ -110,7 +112,7 @@ class Config:
     master_addr: str | None = field(
         default=None,
         metadata={
-            **_env("FTPLANE_MASTER_ADDR"),
+            **_env(Env.MASTER_ADDR),
             "help": "rendezvous address of rank 0 for the process group (overrides MASTER_ADDR)",
         },
     )
@@ -132,7 +134,7 @@ class Config:
             raise bad("device", f"{self.device!r} is not one of auto, cpu, cuda")
         if self.checkpoint_engine not in CHECKPOINT_ENGINES:
             raise bad(
-                "checkpoint_engine (FTPLANE_CHECKPOINT_ENGINE)",
+                f"checkpoint_engine ({Env.CHECKPOINT_ENGINE})",
                 f"{self.checkpoint_engine!r} is not one of {', '.join(CHECKPOINT_ENGINES)}",
             )
         for name in (
@@ -210,7 +212,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
                 raise ConfigError(f"{env_name}={environ[env_name]!r}: {exc}") from exc
 
     parser = argparse.ArgumentParser(
-        prog="python -m trainer",
+        prog="python -m ftplane.trainer",
         description="FSDP2 training of a small decoder-only transformer on synthetic tokens, "
         "with NVRx fault tolerance, reporting to the ftplane control plane through its node agent.",
     )

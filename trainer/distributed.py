@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainer.config import Config
+from ftplane.trainer.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ STORE_TIMEOUT_S = 300.0
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from ftplane.contract import EventType
+
 if TYPE_CHECKING:
-    from trainer.sdk.sink import EventSink
+    from ftplane.trainer.sdk.sink import EventSink
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +293,7 @@ class FaultInjector:
             details["index"] = fault.index
         if fault.kind == "slowdown":
             details.update(fraction=fault.fraction, duration_steps=fault.duration_steps)
-        self.reporter.event("fault_injected", details=details, step=step, rank=self.rank)
+        self.reporter.event(EventType.fault_injected, details=details, step=step, rank=self.rank)
         delivered = self.reporter.flush(self.flush_timeout_s)
         log.warning(
             "injecting fault %s: %s on rank %d before step %d (event delivered: %s)",

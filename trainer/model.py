@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import ModelArgs
+from ftplane.trainer.config import ModelArgs
 
 
 class Attention(nn.Module):
@@ -25,7 +25,8 @@ class Attention(nn.Module):
         batch, seq, dim = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, dim // self.n_heads).unbind(dim=2)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, dim))
+        out: torch.Tensor = self.out(y.transpose(1, 2).reshape(batch, seq, dim))
+        return out
 
 
 class FeedForward(nn.Module):
@@ -36,7 +37,8 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(hidden, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.up(x)))
+        out: torch.Tensor = self.down(F.silu(self.up(x)))
+        return out
 
 
 class Block(nn.Module):
@@ -49,7 +51,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
-        return x + self.ffn(self.ffn_norm(x))
+        out: torch.Tensor = x + self.ffn(self.ffn_norm(x))
+        return out
 
 
 class Transformer(nn.Module):
@@ -75,7 +78,8 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
         for layer in self.layers:
             x = layer(x)
-        return self.output(self.norm(x))
+        logits: torch.Tensor = self.output(self.norm(x))
+        return logits
 
 
 def count_parameters(model: nn.Module) -> int:

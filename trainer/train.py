@@ -7,6 +7,8 @@ otherwise, each failure reported. `train` is one iteration of that restart loop:
 model, FSDP2 sharding, optimizer, checkpointer, resume, then the loop. Each step: train,
 checkpoint, then `run.step()`: liveness three ways (the control plane's heartbeat, ft_launcher's
 rank heartbeat, the Wrapper's progress ping), then a fault due before the next step.
+Told to stop (SIGTERM: an eviction, a drain, a cancel), every rank saves the step it is at, waits for
+that save to complete, and ends as SIGTERM would have: `run.should_stop()` tells all ranks at once.
 The rank's own work in a step (its batch, its shard's optimizer step: no collective) is timed in
 straggler sections (`compute_s` for the control plane; NVRx's detector too, on CUDA).
 
@@ -30,10 +32,11 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from trainer import nvrx, sdk
-from trainer.config import Config, parse_config
-from trainer.distributed import Placement, create_store, destroy_process_group, init_process_group
-from trainer.model import Transformer, count_parameters, synthetic_batch
+from ftplane import sdk
+from ftplane.trainer.config import Config, parse_config
+from ftplane.trainer.distributed import Placement, create_store, destroy_process_group, init_process_group
+from ftplane.trainer.model import Transformer, count_parameters, synthetic_batch
+from ftplane.trainer.nvrx import versions as nvrx_versions
 
 log = logging.getLogger("trainer")
 
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     if placement.rank == 0:
         log.info("config: %s", cfg)
 
+    # SIGTERM (passed on by the node agent and ft_launcher) asks for a save, then an end: see `train`.
+    sdk.termination.install()
     store = create_store(placement)
     # Reports through the node agent; ft_launcher's rank heartbeats (NVRx RankMonitorClient) from the
     # SDK's thread; failures recorded in the store, so that each says which rank failed first.
@@ -73,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         # Leave without running atexit hooks, which could wait on a background save stuck on a dead peer.
         os._exit(1)
+    if sdk.termination.agreed_stop():  # stopped, its checkpoint saved: never read as finished
+        left = sdk.termination.seconds_left()
+        run.finish(timeout=EXIT_FLUSH_S if left is None else min(EXIT_FLUSH_S, left))
+        sdk.termination.end()
     run.finish(timeout=EXIT_FLUSH_S)
     return 0
 
@@ -133,7 +142,7 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
                 "parameters": n_params,
                 "device": placement.device.type,
                 "checkpoint_engine": checkpointer.engine,
-                "nvrx_version": nvrx.NVRX_VERSION,
+                "nvrx_version": nvrx_versions.NVRX_VERSION,
                 "torch_version": torch.__version__,
             },
         )
@@ -155,7 +164,7 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
                 )
             logits = model(inputs)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-            loss.backward()
+            torch.autograd.backward(loss)
             with stragglers.section("optimizer"):  # FSDP2: each rank updates its own shard
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -168,14 +177,16 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
             checkpointer.poll()
             if step == start_step:
                 checkpointer.warm_up(model, optimizer)  # the optimizer's state exists from here on
-            if checkpointer.due(done):
+            # Told to stop (any rank, e.g. the one node being evicted): every rank saves this step, then ends.
+            stopping = run.should_stop()
+            if checkpointer.due(done) or (stopping and checkpointer.last_saved_step != done):
                 checkpointer.save(done, model, optimizer)
 
             # Liveness, three ways: the control plane's heartbeat (through the node agent), ft_launcher's
             # rank heartbeat, the in-process Wrapper's progress ping. Then a fault due before the next
             # step fires (may raise, kill this process, or never return).
             reported = time.perf_counter()
-            run.step(done, loss=loss_value, tokens=tokens_per_step)
+            run.step(done, loss=loss_value, tokens=tokens_per_step, inject=not stopping)
             enqueue_s = time.perf_counter() - reported  # what the report cost this step
 
             if metrics is not None:
@@ -200,11 +211,15 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
                     loss_value,
                     tokens_per_step / step_s,
                 )
-
-        # The final state is always saved.
-        if checkpointer.enabled and checkpointer.last_saved_step != cfg.steps:
-            checkpointer.save(cfg.steps, model, optimizer)
-        checkpointer.wait()
+            if stopping:
+                if rank == 0:
+                    log.warning("told to stop: stopping at step %d (its checkpoint completes before the end)", done)
+                break
+        else:
+            # The final state is always saved.
+            if checkpointer.enabled and checkpointer.last_saved_step != cfg.steps:
+                checkpointer.save(cfg.steps, model, optimizer)
+        checkpointer.wait()  # a save in flight (async) is complete before the rank goes on, or ends
         checkpointer.close()
         if metrics is not None:
             metrics.close()
@@ -217,7 +232,7 @@ def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distribu
         if stragglers is not None:
             stragglers.close()
         destroy_process_group()
-    if rank == 0:
+    if rank == 0 and not sdk.termination.agreed_stop():
         log.info("training finished at step %d", cfg.steps)
 
 

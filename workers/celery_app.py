@@ -15,6 +15,7 @@ from kombu.transport import sqlalchemy as kombu_sqlalchemy
 from api.core import heap
 from api.core.config import Settings, get_settings
 from api.core.queue import celery_config
+from workers.supervision import DUTIES
 
 # The SQLAlchemy transport polls once a second by default, and its transport options go to
 # create_engine, so its polling interval can only be set on the class.
@@ -27,17 +28,8 @@ TASK_MODULES = [
     "workers.tasks.housekeeping",
 ]
 
-# The supervision duties (workers/tasks/duties.py), each its own beat entry at the supervision period.
-DUTY_TASKS = (
-    "ftplane.launch_attempts",
-    "ftplane.reconcile_attempts",
-    "ftplane.detect_silent_ranks",
-    "ftplane.detect_stragglers",
-    "ftplane.detect_restart_anomalies",
-    "ftplane.time_out_pending_attempts",
-    "ftplane.cancel_jobs",
-    "ftplane.release_finished_jobs",
-)
+# The supervision duties' tasks (workers/tasks/duties.py), each its own beat entry at the supervision period.
+DUTY_TASKS = tuple(duty.task for duty in DUTIES)
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -57,12 +49,12 @@ def configure(app: Celery, settings: Settings) -> None:
         broker_connection_retry_on_startup=True,
         beat_schedule={
             **{
-                task.removeprefix("ftplane.").replace("_", "-"): {
-                    "task": task,
-                    "schedule": settings.supervise_interval_s,
-                    "options": {"expires": settings.supervise_interval_s * 3},
+                duty.beat_entry: {
+                    "task": duty.task,
+                    "schedule": duty.period_s(settings),
+                    "options": {"expires": duty.period_s(settings) * 3},
                 }
-                for task in DUTY_TASKS
+                for duty in DUTIES
             },
             "purge-consumed-messages": {
                 "task": "ftplane.purge_consumed_messages",

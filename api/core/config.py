@@ -5,8 +5,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -27,6 +28,13 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     supervise_interval_s: float = Field(default=2.0, gt=0)
+    fleet_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Period of the fleet's duties (node reputation, goodput summaries, objectives): they keep "
+        "ledgers across jobs, which need not follow each job at the supervision period.",
+    )
     local_runs_dir: Path | None = Field(default=None, description="Local backend run state; default data_dir/runs.")
     kube_context: str | None = Field(default=None, description="kubeconfig context; in-cluster config when unset.")
     kube_in_cluster: bool | None = Field(default=None, description="Force in-cluster config (default: auto).")
@@ -65,11 +73,111 @@ class Settings(BaseSettings):
         description="Node reports' liveness (soft state) is written in one statement this often per API process; "
         "0: written with each report.",
     )
+    logs_url_template: str | None = Field(
+        default=None,
+        description="A link to the cluster's own log store returned with a job's logs (a CloudWatch or Grafana Loki "
+        "query), with {job}, {attempt}, {namespace}, {node}, {rank} and {pod} filled in: where pods are gone, their "
+        "lines are there.",
+    )
+    logs_follow_max_s: float = Field(
+        default=3600, gt=0, description="How long GET /v1/jobs/{id}/logs?follow=true streams at most."
+    )
+    logs_keepalive_s: float = Field(
+        default=15, gt=0, le=300, description="A following logs response sends a keep-alive when silent this long."
+    )
     metrics_token: SecretStr | None = Field(
         default=None,
         description="When set, /metrics asks for `Authorization: Bearer <it>` (Prometheus: `authorization: "
         "{credentials_file: ...}`); unset, /metrics is open, like most exporters.",
     )
+    # The fleet's goodput (api/services/fleet/ states the rules).
+    gpu_hour_price: str | None = Field(
+        default=None,
+        description="What a GPU-hour costs: a number (2.5), or per value of one label (team=a:3.0,team=b:2.0, "
+        "with *:2.5 for the rest); fleet goodput then gives its figures in money too.",
+    )
+    goodput_refresh_s: float = Field(
+        default=60, gt=0, le=86400, description="A running job's fleet summary is recomputed at least this often."
+    )
+    goodput_settle_s: float = Field(
+        default=30, gt=0, le=3600, description="How long the summarizer allows an event's transaction to commit."
+    )
+    goodput_batch: int = Field(default=200, ge=1, le=100_000, description="Jobs the summarizer handles per pass.")
+    objective_interval_s: float = Field(
+        default=60, gt=0, le=86400, description="Each ETTR objective is evaluated at most this often."
+    )
+    goodput_metric_labels: str = Field(
+        default="team",
+        max_length=2048,
+        description="Label keys (comma-separated) of the lost GPU-seconds counters on /metrics.",
+    )
+
+    @field_validator("gpu_hour_price")
+    @classmethod
+    def _price_reads(cls, value: str | None) -> str | None:
+        from api.services.fleet.pricing import parse
+
+        parse(value)  # a wrong price stops the start with what is wrong
+        return value
+
+    oidc_issuer: str | None = Field(
+        default=None,
+        description="The identity provider's issuer URL: when set, bearer JWTs it signs are accepted beside tokens "
+        "(keys from its discovery document's jwks_uri). https, or http on a loopback host only.",
+    )
+    oidc_audience: str | None = Field(default=None, description="The `aud` JWTs must carry (this API's).")
+    oidc_groups_claim: str = Field(
+        default="groups", description="The claim listing the caller's groups, which role bindings map to roles."
+    )
+    oidc_cluster_admin_group: str | None = Field(
+        default=None, description="Callers whose JWT lists this group are cluster admins."
+    )
+    oidc_client_id: str | None = Field(
+        default=None,
+        description="The dashboard's OIDC client: when set, the dashboard signs people in through "
+        "the provider (authorization code with PKCE).",
+    )
+    oidc_client_secret: SecretStr | None = Field(default=None, description="The dashboard client's secret, if any.")
+    oidc_scopes: str = Field(default="openid profile email", description="Scopes the dashboard asks for.")
+    oidc_leeway_s: float = Field(default=30, ge=0, le=300, description="Clock skew allowed on exp, nbf and iat.")
+    oidc_keys_ttl_s: float = Field(
+        default=3600, gt=0, description="How long the provider's keys are used before they are fetched again."
+    )
+    oidc_key_refresh_s: float = Field(
+        default=30,
+        ge=0,
+        description="A JWT signed with a key id not in the cached keys fetches them again at most this often "
+        "(a rotated key is picked up; made-up key ids cost the provider nothing).",
+    )
+    # The node reputation rule (api/services/node_reputation/rule.py states it).
+    node_quarantine_jobs: int = Field(
+        default=2,
+        ge=0,
+        le=1000,
+        description="A node is quarantined when faults blamed on it within the window come from this many "
+        "different jobs (0: never quarantined).",
+    )
+    node_fault_window_s: float = Field(default=86400, gt=0, le=365 * 86400, description="The window, in seconds.")
+    node_quarantine_s: float = Field(
+        default=86400, gt=0, le=365 * 86400, description="How long a quarantine lasts unless released sooner."
+    )
+
+    @model_validator(mode="after")
+    def _oidc_complete(self) -> Settings:
+        if self.oidc_issuer is not None:
+            url = urlsplit(self.oidc_issuer)
+            loopback = url.hostname in ("127.0.0.1", "::1", "localhost")
+            if url.scheme != "https" and not (url.scheme == "http" and loopback):
+                raise ValueError("FTPLANE_OIDC_ISSUER must be an https URL (http only on a loopback host)")
+            if not self.oidc_audience:
+                raise ValueError("FTPLANE_OIDC_AUDIENCE is required with FTPLANE_OIDC_ISSUER")
+        elif self.oidc_client_id is not None:
+            raise ValueError("FTPLANE_OIDC_CLIENT_ID needs FTPLANE_OIDC_ISSUER")
+        return self
+
+    @property
+    def oidc_enabled(self) -> bool:
+        return self.oidc_issuer is not None
 
     @property
     def resolved_database_url(self) -> str:

@@ -115,3 +115,6 @@ def reset_caches() -> None:
     get_engine.cache_clear()
     get_sessionmaker.cache_clear()
     get_settings.cache_clear()
+    from api.core import oidc
+
+    oidc.verifier.cache_clear()

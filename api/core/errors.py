@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
 
@@ -43,9 +45,12 @@ class ErrorResponse(BaseModel):
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
 _ERRORS: dict[int, dict[str, Any]] = {
     400: {"description": "The body is not JSON this API can read (malformed, not UTF-8, or nested too deeply)."},
-    401: {"description": "No bearer token, or an invalid or revoked one."},
-    403: {"description": "The token may not do this (a trainer token reports for its own job only)."},
-    404: {"description": "No such resource."},
+    401: {"description": "No bearer token, an invalid or revoked one, or a JWT refused (the message says why)."},
+    403: {
+        "description": "The caller's role is too low (the message names the role needed), or a trainer token "
+        "asked for more than reporting for its own job."
+    },
+    404: {"description": "No such resource, or one of a project the caller holds no role in."},
     409: {"description": "The resource is in a state that does not allow this."},
     413: {"description": "The body is larger than FTPLANE_MAX_BODY_BYTES."},
     422: {"description": "A field is invalid; `fields` names each one."},
@@ -100,9 +105,19 @@ def _body(status: int, message: str, errors: list[dict[str, Any]] | None = None)
     return body
 
 
-def install(app: FastAPI) -> None:
+OnRefused = Callable[[Request, int, str], None]
+
+
+def install(app: FastAPI, on_refused: OnRefused | None = None) -> None:
+    """JSON error answers; `on_refused(request, status, message)` is told of each ApiError and invalid request
+    (in a worker thread: it may write to the database)."""
+
+    async def refused(request: Request, status: int, message: str) -> None:
+        if on_refused is not None and getattr(request.state, "audit", None) is not None:
+            await run_in_threadpool(on_refused, request, status, message)
+
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = []
         for err in exc.errors():
             field = _field_path(tuple(err.get("loc", ())))
@@ -111,10 +126,12 @@ def install(app: FastAPI) -> None:
                 message = "unknown field: remove it or check its spelling"
             errors.append({"field": field or "body", "message": message, "type": err.get("type")})
         summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+        await refused(request, 422, f"invalid request: {summary}")
         return JSONResponse(status_code=422, content=_body(422, f"invalid request: {summary}", errors))
 
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        await refused(request, exc.status, exc.message)
         fields = [{"field": exc.field, "message": exc.message}] if exc.field else None
         body = _body(exc.status, exc.message, fields)
         body["error"].update(exc.details or {})

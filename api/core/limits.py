@@ -7,6 +7,8 @@ import math
 import re
 from typing import Any
 
+from starlette.routing import Match, Mount
+
 Scope = dict[str, Any]
 
 
@@ -35,7 +37,7 @@ class BodySizeLimit:
 
         async def limited_receive() -> dict[str, Any]:
             nonlocal seen, rejected
-            message = await receive()
+            message: dict[str, Any] = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
@@ -117,7 +119,7 @@ class TextGuard:
             return
         chunks: list[bytes] = []
         while True:
-            message = await receive()
+            message: dict[str, Any] = await receive()
             if message["type"] != "http.request":
                 return  # the client went away before sending its body
             chunks.append(message.get("body", b""))
@@ -125,7 +127,7 @@ class TextGuard:
                 break
         body = b"".join(chunks)
         problem = _unstorable_value(body) if _SUSPECT.search(body) else None
-        if problem is not None:
+        if problem is not None and _served(scope):
             field, why = problem
             await _send_error(send, 422, f"invalid request: {field}: {why}", [{"field": field, "message": why}])
             return
@@ -141,10 +143,20 @@ class TextGuard:
         await self.app(scope, replay, send)
 
 
+def _served(scope: Scope) -> bool:
+    """Whether a route serves this method at this path: a request no route takes gets the router's 404
+    or 405, whatever its body holds."""
+    app = scope.get("app")
+    routes = getattr(getattr(app, "router", None), "routes", None)
+    if routes is None:
+        return True
+    return any(route.matches(scope)[0] == Match.FULL for route in routes if not isinstance(route, Mount))
+
+
 def _is_json(scope: Scope) -> bool:
     for name, value in scope.get("headers", []):
         if name == b"content-type":
-            media = value.split(b";", 1)[0].strip().lower()
+            media: bytes = value.split(b";", 1)[0].strip().lower()
             return media == b"application/json" or media.endswith(b"+json")
     return True  # FastAPI reads a body without a content type as JSON
 

@@ -23,6 +23,7 @@ def create(session: Session, spec: JobSpec) -> Job:
     job = Job(
         id=new_id(),
         name=spec.name,
+        project=spec.project,
         backend=spec.backend,
         status=JobStatus.PENDING,
         spec=spec.model_dump(mode="json"),
@@ -50,6 +51,11 @@ def get(session: Session, job_id: str, *, for_update: bool = False, for_share: b
     elif for_share:
         query = query.with_for_update(read=True)
     return session.scalar(query)
+
+
+def project_of(session: Session, job_id: str) -> str | None:
+    """The job's project; None when there is no such job."""
+    return session.scalar(select(Job.project).where(Job.id == job_id))
 
 
 def attempt_row(session: Session, job_id: str, number: int) -> Attempt | None:
@@ -82,9 +88,13 @@ def page(
     labels: dict[str, str] | None = None,
     cursor: str | None = None,
     limit: int = 50,
+    projects: Sequence[str] | None = None,
 ) -> tuple[list[Job], str | None]:
-    """Newest first. Label filtering is exact-match on every given label."""
+    """Newest first, of these `projects` (None: every project). Label filtering is exact-match on every given
+    label."""
     query = select(Job)
+    if projects is not None:
+        query = query.where(Job.project.in_(list(projects)))
     if statuses:
         query = query.where(Job.status.in_(list(statuses)))
     if cursor:

@@ -2,8 +2,10 @@
 
 Server-rendered (Jinja2); htmx polls small partials every 2 s; the progress chart is uPlot.
 Both libraries are vendored under api/static/vendor (nothing is fetched from a CDN). Pages need
-an admin token, kept after /login in an HttpOnly, SameSite=Strict cookie (the API reads the
-same cookie, so the dashboard needs no second kind of session).
+a token with a role in a project (or a cluster admin's), kept after /login in an HttpOnly,
+SameSite=Strict cookie (the API reads the same cookie, so the dashboard needs no second kind of
+session), or a sign-in through the OIDC provider (api/routes/dashboard_sso.py), whose access token
+the same cookie holds. Each person sees the jobs of the projects they hold a role in.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from api import models
+from api.core import oidc
+from api.core.authz import Principal, Role, access
 from api.core.config import get_settings
+from api.database.tables import Job
 from api.deps import ANONYMOUS_ADMIN, SESSION_COOKIE, SessionDep, bearer_token
-from api.models import jobs as job_store
-from api.models import tokens
-from api.models.tokens import Principal
 from api.services import dashboard, lifecycle
+from api.services.authentication import Unauthenticated, authenticate
 
 PACKAGE = Path(__file__).resolve().parents[1]
 STATIC_DIR = PACKAGE / "static"
 templates = Jinja2Templates(directory=str(PACKAGE / "templates"))
 templates.env.filters["duration"] = lambda s: _duration(s)
 templates.env.filters["bytes"] = lambda n: _bytes(n)
+templates.env.filters["logs_query"] = dashboard.logs_query
 
 router = APIRouter(include_in_schema=False)
 
@@ -54,16 +59,33 @@ class LoginRequired(Exception):
     pass
 
 
+def _person(session: SessionDep, token: str) -> Principal | None:
+    """Whom a token or JWT names, when it may look at the dashboard (anyone but a job's trainer token)."""
+    try:
+        principal = authenticate(session, token)
+    except (Unauthenticated, oidc.ProviderUnavailable):
+        return None
+    return None if principal.is_trainer else principal
+
+
 def viewer(request: Request, session: SessionDep) -> Principal | None:
-    """The admin looking at the dashboard, or None (then pages redirect to /login)."""
+    """The person looking at the dashboard, or None (then pages redirect to /login)."""
     if not get_settings().auth_enabled:
         return ANONYMOUS_ADMIN
     token = bearer_token(request)
-    principal = tokens.authenticate(session, token) if token else None
-    return principal if principal is not None and principal.is_admin else None
+    return _person(session, token) if token else None
 
 
 ViewerDep = Annotated[Principal | None, Depends(viewer)]
+
+
+FLEET_PAGE = "/fleet"
+
+
+def landing(target: str, cluster_admin: bool) -> str:
+    """Where a login goes: where it was asked to, except that the site's root takes a cluster admin to the fleet
+    page (api/routes/fleet_dashboard.py), the first page a platform team looks at."""
+    return FLEET_PAGE if target == "/" and cluster_admin else target
 
 
 def _safe_next(target: str | None) -> str:
@@ -76,7 +98,11 @@ def _page(request: Request, name: str, context: dict[str, Any], status_code: int
     response = templates.TemplateResponse(
         request,
         name,
-        {"logged_in": get_settings().auth_enabled and bool(request.cookies.get(SESSION_COOKIE)), **context},
+        {
+            "logged_in": get_settings().auth_enabled and bool(request.cookies.get(SESSION_COOKIE)),
+            "sso": get_settings().oidc_enabled and get_settings().oidc_client_id is not None,
+            **context,
+        },
         status_code=status_code,
     )
     response.headers.update(SECURITY_HEADERS)
@@ -108,11 +134,13 @@ def login(
     next: Annotated[str, Form(max_length=2048)] = "/",
 ) -> Response:
     token = token.strip()
-    principal = tokens.authenticate(session, token) if token else None
-    if principal is None or not principal.is_admin:
-        error = "That token is not a valid admin token. Paste an admin token (ftp_admin_...)."
+    principal = _person(session, token) if token else None
+    if principal is None:
+        error = "That token is not valid here. Paste a token with a role in a project (ftp_...), not a job's."
         return _page(request, "login.html", {"next": _safe_next(next), "error": error}, status_code=401)
-    response = RedirectResponse(_safe_next(next), status_code=303, headers=SECURITY_HEADERS)
+    response = RedirectResponse(
+        landing(_safe_next(next), principal.cluster_admin), status_code=303, headers=SECURITY_HEADERS
+    )
     response.set_cookie(
         SESSION_COOKIE,
         token,
@@ -144,19 +172,19 @@ def jobs_page(request: Request, session: SessionDep, who: ViewerDep, status: str
     if who is None:
         return _to_login(request)
     wanted = _status_filter(status)
-    return _page(request, "jobs.html", _jobs_context(session, wanted))
+    return _page(request, "jobs.html", _jobs_context(session, wanted, who))
 
 
 @router.get("/ui/jobs", response_class=HTMLResponse)
 def jobs_rows(request: Request, session: SessionDep, who: ViewerDep, status: str | None = None) -> Response:
     if who is None:
         return _to_login(request, partial=True)
-    return _page(request, "_jobs_rows.html", _jobs_context(session, _status_filter(status)))
+    return _page(request, "_jobs_rows.html", _jobs_context(session, _status_filter(status), who))
 
 
-def _jobs_context(session: SessionDep, status: str | None) -> dict[str, Any]:
+def _jobs_context(session: SessionDep, status: str | None, who: Principal) -> dict[str, Any]:
     return {
-        "rows": dashboard.job_rows(session, status=status),
+        "rows": dashboard.job_rows(session, status=status, projects=who.projects(Role.viewer)),
         "status": status,
         "statuses": [s.value for s in lifecycle.JobStatus],
         "rungs": dashboard.RUNGS,
@@ -167,7 +195,7 @@ def _jobs_context(session: SessionDep, status: str | None) -> dict[str, Any]:
 def job_page(request: Request, job_id: str, session: SessionDep, who: ViewerDep) -> Response:
     if who is None:
         return _to_login(request)
-    job = job_store.get(session, job_id)
+    job = _visible_job(session, job_id, who)
     if job is None:
         return _page(request, "not_found.html", {"job_id": job_id}, status_code=404)
     return _page(request, "job.html", {"v": dashboard.job_view(session, job), "rungs": dashboard.RUNGS})
@@ -177,12 +205,20 @@ def job_page(request: Request, job_id: str, session: SessionDep, who: ViewerDep)
 def job_live(request: Request, job_id: str, session: SessionDep, who: ViewerDep) -> Response:
     if who is None:
         return _to_login(request, partial=True)
-    job = job_store.get(session, job_id)
+    job = _visible_job(session, job_id, who)
     if job is None:
         return Response(status_code=POLL_STOP, headers=SECURITY_HEADERS)
     view = dashboard.job_view(session, job)
     status_code = POLL_STOP if view.terminal else 200
     return _page(request, "_job_live.html", {"v": view, "rungs": dashboard.RUNGS}, status_code=status_code)
+
+
+def _visible_job(session: SessionDep, job_id: str, who: Principal) -> Job | None:
+    """The job, when `who` may view it (else None: the page is the same as for a job that does not exist)."""
+    job = models.jobs.get(session, job_id)
+    if job is None or access(who, job.project, Role.viewer, "job") is not None:
+        return None
+    return job
 
 
 # ---- formatting --------------------------------------------------------------------------------

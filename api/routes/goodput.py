@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.core.errors import responses
-from api.deps import AdminDep, SessionDep
+from api.deps import JobViewerDep, SessionDep
 from api.routes.jobs import load_job
 from api.schemas.goodput import GoodputOut
 from api.services import goodput
@@ -14,7 +14,7 @@ router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["goodput"])
 
 
 @router.get("/goodput", response_model=GoodputOut, responses=responses(404))
-def get_goodput(job_id: str, session: SessionDep, _: AdminDep) -> GoodputOut:
+def get_goodput(job_id: str, session: SessionDep, _: JobViewerDep) -> GoodputOut:
     """Wall time split into productive time and time lost (initialization, checkpoint stalls, fault
     detection, restarts, recomputed steps, shutdown), ETTR, and the Young/Daly checkpoint interval.
     The accounting rules are in `api/services/goodput/__init__.py`. A job not launched yet has zero wall time."""

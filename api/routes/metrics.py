@@ -9,6 +9,9 @@ at scrape time (the same from every process):
                                              their ETTR over the last 5m, 15m and 1h of wall time
     ftplane_job_stragglers{job_id, job}      straggler episodes open now, per active job that is watched
     ftplane_job_straggler_score{job_id, job} the lowest rank score of its last straggler pass (1: keeps up)
+    ftplane_lost_gpu_seconds_total{cause, label_key, label_value}, ftplane_productive_gpu_seconds_total{...}
+                                             the fleet's GPU-seconds (counters: api/services/fleet/collector.py)
+    ftplane_nodes{state}                     the fleet's nodes by state (healthy, suspect, quarantined; zeros included)
 
 Events are stored both by the API (trainer reports) and by the workers (supervision: job
 restarts, hangs), and webhooks are delivered by the workers. Scrape every process, or run them
@@ -37,9 +40,12 @@ from api.core.config import get_settings
 from api.core.db import get_sessionmaker
 from api.core.errors import ApiError
 from api.database.tables import Job, JobWatch, WebhookDelivery
+from api.models import fleet_nodes
 from api.schemas.events import utcnow
+from api.schemas.fleet_nodes import NodeState
 from api.schemas.goodput import GoodputOut
 from api.services import goodput, lifecycle
+from api.services.fleet.collector import FleetCollector
 from api.services.lifecycle import JobStatus
 
 log = logging.getLogger(__name__)
@@ -74,6 +80,7 @@ class DatabaseCollector(Collector):
             GaugeMetricFamily(
                 "ftplane_job_stragglers", "Straggler episodes open now, per active job.", labels=["job_id", "job"]
             ),
+            GaugeMetricFamily("ftplane_nodes", "The fleet's nodes by state.", labels=["state"]),
             GaugeMetricFamily(
                 "ftplane_job_straggler_score",
                 "The lowest rank score of the job's last straggler pass (the job's pace over the rank's; 1 keeps up).",
@@ -86,7 +93,7 @@ class DatabaseCollector(Collector):
         yield from self._families()
 
     def collect(self) -> Iterator[Metric]:
-        jobs, outbox, ettr, rolling, stragglers, score = self._families()
+        jobs, outbox, ettr, rolling, stragglers, nodes, score = self._families()
         try:
             with get_sessionmaker()() as session:
                 by_status = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
@@ -97,6 +104,9 @@ class DatabaseCollector(Collector):
                 )
                 for status in sorted(set(OUTBOX_STATUSES) | set(deliveries)):
                     outbox.add_metric([status], deliveries.get(status, 0))
+                by_state = fleet_nodes.count_by_state(session)
+                for state in sorted({s.value for s in NodeState} | set(by_state)):
+                    nodes.add_metric([state], by_state.get(state, 0))
                 for job, out in _goodput(session):
                     if out.ettr is not None:
                         ettr.add_metric([job.id, job.name], out.ettr)
@@ -111,7 +121,7 @@ class DatabaseCollector(Collector):
         except Exception:  # a scrape must answer even with the database away
             log.warning("metrics: the database could not be read", exc_info=True)
             return
-        yield from (jobs, outbox, ettr, rolling, stragglers, score)
+        yield from (jobs, outbox, ettr, rolling, stragglers, nodes, score)
 
 
 def _watched(session: Session) -> Iterator[tuple[Job, JobWatch]]:
@@ -143,6 +153,8 @@ def _goodput(session: Session) -> Iterator[tuple[Job, GoodputOut]]:
 
 _DATABASE_COLLECTOR = DatabaseCollector()
 REGISTRY.register(_DATABASE_COLLECTOR)
+_FLEET_COLLECTOR = FleetCollector()  # lost GPU-seconds by cause and label (api/services/fleet/collector.py)
+REGISTRY.register(_FLEET_COLLECTOR)
 
 
 def scrape() -> bytes:
@@ -152,6 +164,7 @@ def scrape() -> bytes:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         registry.register(_DATABASE_COLLECTOR)
+        registry.register(_FLEET_COLLECTOR)
         return generate_latest(registry)
     return generate_latest(REGISTRY)
 

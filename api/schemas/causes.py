@@ -33,8 +33,9 @@ class CauseClass(StrEnum):
     unknown = "unknown"  # no cause was given
 
 
-# Facts a cause may carry, each a key of its own in an event's details.
-FACT_KEYS = ("rank", "node", "exit_code", "signal", "silent_s", "pid", "reason")
+# Facts a cause may carry, each a key of its own in an event's details. A rank's failure also carries the last
+# lines it printed (`tail`, redacted on its node) and, read from them, the exception it raised (`exception`).
+FACT_KEYS = ("rank", "node", "exit_code", "signal", "silent_s", "pid", "reason", "exception", "tail")
 
 
 @dataclass(frozen=True)

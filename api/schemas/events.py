@@ -11,52 +11,20 @@ import math
 import re
 import time
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from api.schemas.scalars import JsonInt
+from ftplane import contract
+from ftplane.contract import EventType as EventType
 
-MAX_EVENTS_PER_BATCH = 1000
-MAX_HEARTBEATS_PER_BATCH = 20000
-MAX_DETAILS_KEYS = 64
-MAX_DETAILS_DEPTH = 16  # levels of objects and arrays inside `details`
-MAX_DETAILS_BYTES = 64 * 1024  # as JSON
+MAX_EVENTS_PER_BATCH = contract.MAX_EVENTS_PER_REPORT
+MAX_HEARTBEATS_PER_BATCH = contract.MAX_HEARTBEATS_PER_REPORT
+MAX_DETAILS_KEYS = contract.MAX_DETAILS_KEYS
+MAX_DETAILS_DEPTH = contract.MAX_DETAILS_DEPTH
+MAX_DETAILS_BYTES = contract.MAX_DETAILS_BYTES
 
-
-class EventType(StrEnum):
-    submitted = "submitted"
-    scheduled = "scheduled"
-    running = "running"
-    heartbeat_lost = "heartbeat_lost"
-    hang_detected = "hang_detected"
-    rank_failed = "rank_failed"
-    node_failed = "node_failed"
-    node_unhealthy = "node_unhealthy"
-    inprocess_restart = "inprocess_restart"
-    injob_restart = "injob_restart"
-    launcher_cycle = "launcher_cycle"  # ft_launcher's timing of one cycle (NVRx 0.5+), from the node agent
-    job_restart = "job_restart"
-    node_excluded = "node_excluded"
-    checkpoint_saved = "checkpoint_saved"
-    checkpoint_loaded = "checkpoint_loaded"
-    fault_injected = "fault_injected"
-    queued = "queued"
-    scheduling_failed = "scheduling_failed"
-    preempted = "preempted"
-    spares_exhausted = "spares_exhausted"
-    straggler_detected = "straggler_detected"
-    straggler_cleared = "straggler_cleared"
-    restart_storm = "restart_storm"
-    progress_stalled = "progress_stalled"
-    recovery_stuck = "recovery_stuck"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
-
-
-RESTART_TYPES = frozenset({EventType.inprocess_restart, EventType.injob_restart, EventType.job_restart})
 # Restart anomalies of the job as a whole (workers/supervision/detect_restart_anomalies.py).
 ANOMALY_TYPES = frozenset({EventType.restart_storm, EventType.progress_stalled, EventType.recovery_stuck})
 
@@ -72,9 +40,13 @@ _NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
 
 def _not_a_number(value: Any) -> Any:
     # pydantic would read a number as Unix time (seconds or milliseconds, a guess); the API says ISO 8601.
-    # Cheap first: an ISO 8601 date has a '-' after its year or a 'T'; only a string without them can be a number.
+    # Cheap first: an ISO 8601 time has a 'T'; a date alone a '-' after its year, which a number has only in its
+    # exponent (1.19e-07); only a string without them can be a number.
     if isinstance(value, int | float) or (
-        isinstance(value, str) and "-" not in value[1:] and "T" not in value and _NUMBER.fullmatch(value)
+        isinstance(value, str)
+        and "T" not in value
+        and ("-" not in value[1:] or "e" in value.lower())
+        and _NUMBER.fullmatch(value)
     ):
         raise ValueError("give an ISO 8601 timestamp with a time zone, e.g. 2026-01-31T12:00:00Z, not a number")
     return value
@@ -131,11 +103,11 @@ ReportedAt = Annotated[
     ),
 ]
 
-IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=contract.MAX_KEY_LENGTH, pattern=r"^[\x21-\x7e]+$")]
 # Numbers as JSON writes them (not "3", not true): api/schemas/scalars.py.
 AttemptNumber = Annotated[int, JsonInt(ge=0, le=10_000)]
-Rank = Annotated[int, JsonInt(ge=0, le=1_000_000)]
-Step = Annotated[int, JsonInt(ge=0, le=10**12)]
+Rank = Annotated[int, JsonInt(ge=0, le=contract.MAX_RANK)]
+Step = Annotated[int, JsonInt(ge=0, le=contract.MAX_STEP)]
 
 
 class EventIn(BaseModel):
@@ -148,7 +120,7 @@ class EventIn(BaseModel):
     ts: ReportedAt | None = Field(default=None, description="When it happened; defaults to receipt time.")
     attempt: AttemptNumber | None = Field(default=None, description="Defaults to the job's current attempt.")
     rank: Rank | None = None
-    node: str | None = Field(default=None, max_length=253)
+    node: str | None = Field(default=None, max_length=contract.MAX_NODE_NAME)
     step: Step | None = None
     details: dict[str, Any] = Field(default_factory=dict)
 
@@ -213,7 +185,7 @@ class HeartbeatIn(BaseModel):
     rank: Rank
     step: Step
     ts: ReportedAt | None = None
-    node: str | None = Field(default=None, max_length=253)
+    node: str | None = Field(default=None, max_length=contract.MAX_NODE_NAME)
     throughput: float | None = Field(
         default=None, strict=True, ge=0, le=1e15, description="Tokens or samples per second."
     )

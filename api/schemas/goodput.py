@@ -6,6 +6,7 @@ The accounting itself (which interval belongs to which bucket) is defined in `ap
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -63,7 +64,13 @@ class Advice(BaseModel):
     step_time_s: float | None = Field(description="Measured seconds per training step.")
     straggler_s: float = Field(default=0.0, description="Seconds stragglers cost (the straggler bucket).")
     optimal: IntervalPrediction | None = Field(description="tau = sqrt(2CM) and what it predicts.")
-    current: IntervalPrediction | None = Field(description="The job's spec.checkpoint.interval_steps, predicted.")
+    current: IntervalPrediction | None = Field(
+        description="The job's current interval, predicted: the one its reported checkpoints show (the median step "
+        "gap between them), else spec.checkpoint.interval_steps."
+    )
+    current_from: Literal["reported checkpoints", "spec"] | None = Field(
+        default=None, description="Where the current interval comes from."
+    )
     note: str = Field(description="What is missing for advice, or how to read it.")
 
 
@@ -76,6 +83,21 @@ class RollingGoodput(BaseModel):
     ettr: float | None
 
 
+class RunStart(BaseModel):
+    """Where one run (one start of the training loop) began, and what says so: goodput's start of productive time."""
+
+    attempt: int
+    restart_count: int = Field(description="ft_launcher's in-job restarts before this run.")
+    iteration: int = Field(description="NVRx's in-process restart iteration.")
+    start: datetime = Field(description="When the run's productive time starts.")
+    start_step: int | None = Field(description="The step it resumed from (null: nobody said; recompute unknown).")
+    basis: Literal["sdk", "progress", "processes"] = Field(
+        description="sdk: the ranks' SDK said the loop started; progress: the node agent read the run's start or "
+        "first step in the ranks' output (zero-code progress); processes: the ranks' processes were up (zero-code "
+        "without progress: start-up counts as productive, recompute cannot be told)."
+    )
+
+
 class GoodputOut(Breakdown):
     """The job's total (the top-level fields), each attempt, and the advice."""
 
@@ -86,7 +108,11 @@ class GoodputOut(Breakdown):
     end: datetime | None = Field(description="The job's end event, or now for a job still running.")
     failures: int = Field(description="Failures: training (or start-up) stretches ended by a detected fault.")
     step_time_s: float | None = Field(description="Measured seconds per step (stalls excluded), over all runs.")
-    recomputed_steps: int = Field(description="Steps trained again after resuming from an older checkpoint.")
+    recomputed_steps: int | None = Field(
+        description="Steps trained again after resuming from an older checkpoint; null when a run resumed from a step "
+        "nobody reported (a zero-code job without progress): ftplane cannot tell, and counts none as recompute."
+    )
+    runs: list[RunStart] = Field(default_factory=list, description="Each run's start, and what says where it began.")
     attempts: list[AttemptGoodput]
     rolling: list[RollingGoodput] = Field(
         default_factory=list, description="ETTR over the last 5, 15 and 60 minutes of wall time."

@@ -30,6 +30,7 @@ class JobOut(BaseModel):
 
     id: str
     name: str
+    project: str
     backend: str
     status: str
     status_reason: str | None

@@ -1,5 +1,6 @@
 """The parts of the job spec that only the kubernetes backend reads: where the pods may run (`scheduling`),
-environment variables taken from Secrets (`secret_env`), and the Kueue queue (`queue`).
+environment variables taken from Secrets (`secret_env`; the local backend takes them from the host's
+environment), and the Kueue queue (`queue`).
 
 Field names are ftplane's (snake_case), not the Kubernetes API's: `toleration_seconds`, not
 `tolerationSeconds`. Every value is checked here as strictly as the API server would check it, so a
@@ -186,6 +187,15 @@ class SchedulingSpec(_Strict):
             raise ValueError("image_pull_secrets: each Secret once")
         return self
 
+    def pinned_zone(self) -> str | None:
+        """The one Availability Zone the pods are held to (zone, the node selector, or an affinity of one value)."""
+        if self.zone or self.node_selector.get(ZONE_LABEL):
+            return self.zone or self.node_selector[ZONE_LABEL]
+        for req in self.affinity:
+            if req.key == ZONE_LABEL and req.operator == "In" and len(req.values) == 1:
+                return req.values[0]
+        return None
+
     def node_labels(self) -> dict[str, str]:
         """The node selector the pods get: the spec's labels and its zone."""
         labels = dict(self.node_selector)
@@ -216,8 +226,6 @@ def kubernetes_only_fields(spec: Any) -> list[str]:
     used = []
     if spec.scheduling != SchedulingSpec():
         used.append("scheduling")
-    if spec.secret_env:
-        used.append("secret_env")
     if spec.queue:
         used.append("queue")
     if spec.resiliency.spare_nodes:

@@ -22,9 +22,10 @@ from api.schemas.events import (
     Rank,
 )
 from api.schemas.scalars import JsonInt
+from ftplane import contract
 
-MAX_RANKS_PER_NODE = 1024
-MAX_GPUS_PER_NODE = 64
+MAX_RANKS_PER_NODE = contract.MAX_RANKS_PER_NODE
+MAX_GPUS_PER_NODE = contract.MAX_GPUS_PER_NODE
 
 Pid = Annotated[int, JsonInt(ge=0, le=2**31)]
 ExitCode = Annotated[int, JsonInt(ge=-255, le=255)]
@@ -73,7 +74,7 @@ class NodeStatus(Strict):
 
 class NodeReport(Strict):
     attempt: AttemptNumber
-    node: str = Field(min_length=1, max_length=253)
+    node: str = Field(min_length=1, max_length=contract.MAX_NODE_NAME)
     agent: NodeStatus = Field(default_factory=NodeStatus)
     heartbeats: list[HeartbeatIn] = Field(default_factory=list, max_length=MAX_HEARTBEATS_PER_BATCH)
     events: list[EventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_BATCH)

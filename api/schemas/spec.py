@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from api.schemas.kubernetes_spec import (
+    ZONE_LABEL,
     HugePageSize,
     LabelValue,
     QueueName,
@@ -21,7 +22,9 @@ from api.schemas.kubernetes_spec import (
     keys_match_pattern,
     kubernetes_only_fields,
 )
+from api.schemas.resiliency import ResiliencySpec
 from api.schemas.scalars import JsonInt
+from api.schemas.strict import StrictModel
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -32,14 +35,12 @@ DnsLabel = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=LABEL_KEY)]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME)]
 Quantity = Annotated[str, StringConstraints(max_length=32, pattern=QUANTITY)]
+# A job's id as another spec names it (ids are 32 hex digits; a path component either way, never "." or "..").
+JobIdRef = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 
 
 # Variables the backends set for the trainer; a spec may not override them.
 RESERVED_ENV_PREFIX = "FTPLANE_"
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class Resources(StrictModel):
@@ -48,6 +49,11 @@ class Resources(StrictModel):
     cpu: Quantity | None = None
     memory: Quantity | None = None
     shm: Quantity | None = Field(default=None, description="Size of the /dev/shm memory volume (kubernetes).")
+    ephemeral_storage: Quantity = Field(
+        default="20Gi",
+        description="The container's disk (its writable layer, its logs) each pod requests (kubernetes): the "
+        "kubelet evicts, first, pods using more than they requested when a node runs short of disk.",
+    )
     hugepages: dict[HugePageSize, Quantity] = Field(
         default_factory=dict,
         description="Huge pages per node by page size, e.g. {'2Mi': '5120Mi'} for EFA (kubernetes; requests = limits).",
@@ -64,20 +70,16 @@ class CheckpointSpec(StrictModel):
     interval_steps: int = Field(default=100, ge=1, le=10**9)
     engine: Literal["async", "sync", "none"] = "sync"
     keep: int = Field(default=2, ge=1, le=1000, description="Complete checkpoints kept on disk.")
-    pvc: DnsLabel | None = Field(default=None, description="PersistentVolumeClaim holding dir (kubernetes).")
-
-
-class InprocessSpec(StrictModel):
-    enabled: bool = False
-    soft_timeout_s: float = Field(default=60, gt=0, le=86400)
-    hard_timeout_s: float = Field(default=90, gt=0, le=86400)
-    max_iterations: int = Field(default=10, ge=1, le=10_000, description="In-process restarts per process.")
-
-    @model_validator(mode="after")
-    def _hard_after_soft(self) -> InprocessSpec:
-        if self.hard_timeout_s <= self.soft_timeout_s:
-            raise ValueError("hard_timeout_s must be greater than soft_timeout_s")
-        return self
+    pvc: DnsLabel | None = Field(
+        default=None,
+        description="PersistentVolumeClaim holding the checkpoints (kubernetes): the claim's directory named for the "
+        "job is mounted at dir, so each job sees and writes its own checkpoints only.",
+    )
+    resume_from: JobIdRef | None = Field(
+        default=None,
+        description="The id of an earlier job on the same checkpoint storage: this job starts from that job's newest "
+        "complete checkpoint (read-only to it) until it has one of its own. Without it a job never sees another's.",
+    )
 
 
 MAX_LOG_PATTERN = 512
@@ -94,6 +96,9 @@ def default_report_interval(nodes: int) -> float:
     return min(MAX_REPORT_INTERVAL_S, max(1.0, nodes / REPORTS_PER_JOB_S))
 
 
+ProgressPreset = Literal["lightning", "transformers", "torchtitan", "megatron"]  # = contract.PROGRESS_PRESETS
+
+
 class ProgressSpec(StrictModel):
     """How ftplane learns each rank's progress when the training code does not use the SDK."""
 
@@ -101,7 +106,15 @@ class ProgressSpec(StrictModel):
         default=None,
         max_length=MAX_LOG_PATTERN,
         description="A regular expression with a named group `step`, matched against each rank's output lines "
-        r"(e.g. 'step (?P<step>\d+)'): each match is that rank's heartbeat at that step.",
+        r"(e.g. 'step (?P<step>\d+)'): each match is that rank's heartbeat at that step; an optional group "
+        "`total` gives the run's steps (progress and ETA).",
+    )
+    preset: ProgressPreset | None = Field(
+        default=None,
+        description="Instead of a log_pattern: read what this framework prints by default (its step, total and the "
+        "step a run resumed from; the node agent's trainer/agent/presets.py says what each reads and what it "
+        "costs). lightning makes ftplane's Lightning entry point print the global step (ftplane installed where "
+        "the ranks run); transformers sets TRANSFORMERS_VERBOSITY=info for the ranks unless env sets it.",
     )
     report_interval_s: float | None = Field(
         default=None,
@@ -110,6 +123,12 @@ class ProgressSpec(StrictModel):
         description="How often each node's agent reports. Default: 1 s, longer past "
         f"{REPORTS_PER_JOB_S} nodes (the job then sends at most {REPORTS_PER_JOB_S} reports a second).",
     )
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ProgressSpec:
+        if self.log_pattern is not None and self.preset is not None:
+            raise ValueError("give progress.log_pattern or progress.preset, not both")
+        return self
 
     @field_validator("log_pattern")
     @classmethod
@@ -122,105 +141,6 @@ class ProgressSpec(StrictModel):
             if "step" not in compiled.groupindex:
                 raise ValueError(r"needs a named group 'step', e.g. 'step (?P<step>\d+)'")
         return pattern
-
-
-class StragglerSpec(StrictModel):
-    """Straggler detection (workers/supervision/detect_stragglers.py): each rank's pace against the job's."""
-
-    enabled: bool = True
-    threshold: float = Field(
-        default=0.85,
-        gt=0,
-        lt=1,
-        description="A rank straggles when its score (the job's pace over the rank's: 1 keeps up, 0.5 takes twice "
-        "as long per step) stays below this over the window (its median there).",
-    )
-    window_s: float = Field(
-        default=300,
-        ge=1,
-        le=86400,
-        description="Seconds of scores a rank is judged on; at least 3 node report intervals.",
-    )
-    action: Literal["alert", "exclude"] = Field(
-        default="alert",
-        description="alert: straggler_detected (and its webhook) only; exclude: also, once an episode lasts "
-        "exclude_after_s, restart the job without the straggler's node (max_job_restarts and "
-        "exclude_failed_nodes apply as for a failed node).",
-    )
-    exclude_after_s: float | None = Field(
-        default=None,
-        gt=0,
-        le=7 * 86400,
-        description="With action exclude: how long an episode lasts before the node is excluded (default window_s).",
-    )
-
-
-class AnomalySpec(StrictModel):
-    """Restart anomalies of the job as a whole (workers/supervision/detect_restart_anomalies.py)."""
-
-    enabled: bool = True
-    storm_restarts: int = Field(default=5, ge=2, le=10_000, description="restart_storm: this many restarts ...")
-    storm_window_s: float = Field(default=1800, ge=10, le=7 * 86400, description="... within this many seconds.")
-    stalled_cycles: int = Field(
-        default=3,
-        ge=2,
-        le=1000,
-        description="progress_stalled: this many restarts in a row without the newest checkpoint moving forward.",
-    )
-    cycle_timeout_s: float = Field(
-        default=3600,
-        ge=10,
-        le=7 * 86400,
-        description="recovery_stuck: a restart after which training has not resumed for this long (queue waits "
-        "excluded).",
-    )
-
-
-class ResiliencySpec(StrictModel):
-    inprocess: InprocessSpec = Field(default_factory=InprocessSpec)
-    max_in_job_restarts: int = Field(default=3, ge=0, le=10_000)
-    max_job_restarts: int = Field(default=1, ge=0, le=1000)
-    initial_heartbeat_timeout_s: float = Field(default=1200, gt=0, le=86400)
-    heartbeat_timeout_s: float = Field(default=300, gt=0, le=86400)
-    exclude_failed_nodes: bool = True
-    pending_timeout_s: float | None = Field(
-        default=None,
-        gt=0,
-        le=7 * 86400,
-        description="Give up on an attempt that has not started running this long after its launch "
-        "(pods unschedulable, image not pulled); it counts as a failure of the attempt. None: wait forever. "
-        "Time spent waiting in a Kueue queue does not count.",
-    )
-    on_pending_timeout: Literal["retry", "fail"] = Field(
-        default="retry",
-        description="What a pending timeout leads to: retry (a job restart, from max_job_restarts) or fail the job.",
-    )
-    max_preemptions: int = Field(
-        default=10,
-        ge=0,
-        le=1000,
-        description="Job restarts after a preemption (eviction, node drain, spot interruption, Kueue preemption): "
-        "a budget of its own, not counted against max_job_restarts.",
-    )
-    spare_nodes: int = Field(
-        default=0,
-        ge=0,
-        le=64,
-        description="Hot spares (kubernetes): the job runs nodes + spare_nodes pods; ft_launcher keeps `nodes` "
-        "active and the rest standing by, so a lost node is replaced in-job. Needs NVRx >= 0.6 in the image.",
-    )
-    stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
-    anomalies: AnomalySpec = Field(default_factory=AnomalySpec)
-
-    @model_validator(mode="after")
-    def _heartbeats_outlast_inprocess_restarts(self) -> ResiliencySpec:
-        # ft_launcher hears no heartbeat while ranks restart in-process; a shorter timeout would kill them.
-        if self.inprocess.enabled and self.heartbeat_timeout_s <= self.inprocess.soft_timeout_s:
-            raise ValueError(
-                "resiliency.heartbeat_timeout_s must be greater than resiliency.inprocess.soft_timeout_s: "
-                "ft_launcher would restart ranks in the middle of an in-process restart"
-            )
-        return self
 
 
 def check_slowdown(kind: str, fraction: float | None, duration_steps: int | None) -> None:
@@ -257,10 +177,21 @@ class FaultSpec(StrictModel):
 
 class JobSpec(StrictModel):
     name: DnsLabel
+    project: DnsLabel = Field(
+        default="default", description="Who may see and act on the job: a project the caller is an operator of."
+    )
     backend: Literal["local", "kubernetes"] = "local"
     image: str | None = Field(default=None, min_length=1, max_length=512)
     namespace: DnsLabel = "default"
     command: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(min_length=1, max_length=256)
+    working_dir: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="The directory the command runs in (an absolute path; relative paths of the command and of "
+        "checkpoint.dir are relative to it). kubernetes: the container's workingDir (default: the image's). local: "
+        "an existing directory on the control plane's host (the CLI makes a relative one absolute against the "
+        "directory it runs in); default: a directory of the job's own under the data dir, kept across its restarts.",
+    )
     nodes: int = Field(default=1, ge=1, le=4096)
     procs_per_node: int = Field(default=1, ge=1, le=64)
     resources: Resources = Field(default_factory=Resources)
@@ -276,7 +207,8 @@ class JobSpec(StrictModel):
         default_factory=dict,
         max_length=64,
         json_schema_extra=keys_match_pattern,
-        description="Variables whose values come from Kubernetes Secrets, by reference (kubernetes).",
+        description="Variables whose values come from Kubernetes Secrets, by reference; redacted from every line "
+        "the ranks print. On the local backend `key` names a variable of the host's environment.",
     )
     queue: QueueName | None = Field(
         default=None, description="A Kueue LocalQueue in the job's namespace: the job waits there until admitted."
@@ -298,6 +230,11 @@ class JobSpec(StrictModel):
     def _consistent(self) -> JobSpec:
         if self.backend == "kubernetes" and not self.image:
             raise ValueError("image is required when backend is kubernetes")
+        if self.working_dir is not None and not self.working_dir.startswith("/"):
+            raise ValueError(
+                f"working_dir must be an absolute path (got {self.working_dir!r}); `ftplane submit` makes a relative "
+                "one absolute against the directory it runs in, for the local backend"
+            )
         if self.backend == "local" and self.nodes > MAX_LOCAL_NODES:
             raise ValueError(f"nodes must be at most {MAX_LOCAL_NODES} for the local backend (every node runs here)")
         floor = TIMEOUT_INTERVALS * self.report_interval_s
@@ -335,4 +272,15 @@ class JobSpec(StrictModel):
                 raise ValueError(f"faults[{i}].rank {fault.rank} is outside the job's {self.world_size} ranks")
         if self.checkpoint.engine != "none" and not self.checkpoint.dir and self.backend == "kubernetes":
             raise ValueError("checkpoint.dir is required for checkpoints on kubernetes (shared storage)")
+        if self.checkpoint.resume_from and (self.checkpoint.engine == "none" or not self.checkpoint.dir):
+            raise ValueError("checkpoint.resume_from needs checkpoint.dir and an engine other than none")
+        if self.backend == "kubernetes" and self.resources.efa_per_node and not self.scheduling.pinned_zone():
+            raise ValueError(
+                "scheduling.zone is required for a job that asks for EFA (resources.efa_per_node): EFA traffic does "
+                f"not cross Availability Zones; give the zone (or node_selector.{ZONE_LABEL}, or one affinity value)"
+            )
+        if self.resiliency.queued_timeout_s is not None and not self.queue:
+            raise ValueError("resiliency.queued_timeout_s needs queue: only a job in a Kueue queue waits in one")
+        if self.checkpoint.resume_from and self.backend == "kubernetes" and not self.checkpoint.pvc:
+            raise ValueError("checkpoint.resume_from needs checkpoint.pvc on kubernetes: the claim both jobs write to")
         return self

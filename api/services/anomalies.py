@@ -27,11 +27,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 
+from api import models
 from api.database.tables import Event, Job
-from api.models import events as event_store
 from api.schemas.causes import Cause, CauseClass, cause_class_of
-from api.schemas.events import RESTART_TYPES, EventIn, EventType, utcnow
-from api.schemas.spec import AnomalySpec
+from api.schemas.events import EventIn, EventType, utcnow
+from api.schemas.resiliency import AnomalySpec
+from api.schemas.rungs import RESTART_TYPES
 from api.services.stragglers.window import watch_of
 
 RESTARTS = [t.value for t in RESTART_TYPES]
@@ -41,7 +42,7 @@ LISTED = 10  # restarts listed in an event's evidence
 def watch(session: Session, job: Job, cfg: AnomalySpec, now: datetime | None = None) -> list[EventIn]:
     """The anomalies `job` shows now, as events not stored yet (the store skips keys it has)."""
     now = now or utcnow()
-    restarts = event_store.of_job(session, job.id, types=RESTARTS)
+    restarts = models.events.of_job(session, job.id, types=RESTARTS)
     events = []
     storm = restart_storm(session, job, cfg, restarts, now)
     if storm is not None:
@@ -140,7 +141,7 @@ def recovery_stuck(
         return None
     last = restarts[-1]
     began = _aware(last.ts)
-    resumed = event_store.last_ts_of_job(session, job.id, [EventType.running.value])
+    resumed = models.events.last_ts_of_job(session, job.id, [EventType.running.value])
     if resumed is not None and _aware(resumed) > began:
         return None
     waited = (now - began).total_seconds() - _queued_since(session, job, began, now)
@@ -170,7 +171,7 @@ def _queued_since(session: Session, job: Job, began: datetime, now: datetime) ->
     """Seconds since `began` the current attempt has waited in a queue (to now, if it still waits)."""
     queued = [
         e
-        for e in event_store.of_job(session, job.id, types=[EventType.queued.value])
+        for e in models.events.of_job(session, job.id, types=[EventType.queued.value])
         if e.attempt == job.attempt and _aware(e.ts) >= began
     ]
     waiting_since = None
@@ -188,7 +189,7 @@ def _queued_since(session: Session, job: Job, began: datetime, now: datetime) ->
 
 
 def _checkpoint_at(session: Session, job: Job, ts: datetime) -> int | None:
-    return event_store.max_step_of_job(session, job.id, EventType.checkpoint_saved.value, before=ts)
+    return models.events.max_step_of_job(session, job.id, EventType.checkpoint_saved.value, before=ts)
 
 
 def _evidence(restarts: list[Event]) -> list[dict[str, Any]]:

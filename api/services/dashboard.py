@@ -7,57 +7,73 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from api import models
 from api.database.tables import Event, Job, JobWatch, NodeLiveness, RankLiveness
-from api.models import jobs as job_store
-from api.models import liveness, nodes
-from api.schemas.events import RESTART_TYPES, EventType, utcnow
+from api.schemas.events import EventType, utcnow
 from api.schemas.jobs import JobProgress
-from api.services import lifecycle, liveness_writer
+from api.schemas.rungs import RESTART_TYPES
+from api.services import lifecycle
 from api.services.goodput.records import number
 from api.services.goodput_view import GoodputView, goodput_of
+from api.services.ingest import liveness_writer
 from api.services.progress import progress_of
 from api.services.stragglers import RankRow, score_ranks
 
-RUNGS: tuple[tuple[EventType, str], ...] = (
-    (EventType.inprocess_restart, "in-process"),
-    (EventType.injob_restart, "in-job"),
-    (EventType.job_restart, "job"),
+# the ladder's rungs, lowest first, as the jobs list and a job's page count them: (event, short name)
+RUNGS: tuple[tuple[EventType, str], ...] = tuple(
+    (rung.event, rung.name.removesuffix(" restart")) for rung in lifecycle.LADDER
 )
 
 LANES: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "lifecycle",
-        frozenset({"submitted", "scheduled", "queued", "running", "succeeded", "failed", "cancelled"}),
+        frozenset(
+            {
+                EventType.submitted,
+                EventType.scheduled,
+                EventType.queued,
+                EventType.running,
+                EventType.succeeded,
+                EventType.failed,
+                EventType.cancelled,
+            }
+        ),
     ),
     (
         "faults",
         frozenset(
             {
-                "fault_injected",
-                "rank_failed",
-                "node_failed",
-                "heartbeat_lost",
-                "hang_detected",
-                "node_excluded",
-                "node_unhealthy",
-                "scheduling_failed",
-                "preempted",
-                "spares_exhausted",
-                "straggler_detected",
-                "straggler_cleared",
-                "restart_storm",
-                "progress_stalled",
-                "recovery_stuck",
+                EventType.fault_injected,
+                EventType.rank_failed,
+                EventType.node_failed,
+                EventType.heartbeat_lost,
+                EventType.hang_detected,
+                EventType.node_excluded,
+                EventType.node_unhealthy,
+                EventType.scheduling_failed,
+                EventType.preempted,
+                EventType.spares_exhausted,
+                EventType.spare_unavailable,
+                EventType.straggler_detected,
+                EventType.straggler_cleared,
+                EventType.restart_storm,
+                EventType.progress_stalled,
+                EventType.recovery_stuck,
             }
         ),
     ),
-    ("restarts", frozenset(t.value for t in RESTART_TYPES)),
-    ("checkpoints", frozenset({"checkpoint_saved", "checkpoint_loaded"})),
+    ("restarts", RESTART_TYPES),
+    ("checkpoints", frozenset({EventType.checkpoint_saved, EventType.checkpoint_loaded})),
 )
+# Failures whose rank's lines the page links to (a restart or an end names its root cause's rank).
+FAILURE_TYPES = frozenset({EventType.rank_failed, EventType.hang_detected, EventType.failed}) | RESTART_TYPES
+# Whose cause may carry a tail: the node agent's failure context, so a rung the ranks climb themselves has none.
+TAILED = frozenset({rung.event for rung in lifecycle.LADDER if rung.runs_in != "trainer"} | {EventType.failed})
 TIMELINE_EVENTS_MAX = 2000
 TIMELINE_WIDTH = 1000.0
 LANE_HEIGHT = 28.0
@@ -93,8 +109,11 @@ def restart_counts(session: Session, job_ids: Sequence[str]) -> dict[str, dict[s
     return counts
 
 
-def job_rows(session: Session, *, status: str | None = None, limit: int = 100) -> list[JobRow]:
-    jobs, _ = job_store.page(session, statuses=[status] if status else [], limit=limit)
+def job_rows(
+    session: Session, *, status: str | None = None, limit: int = 100, projects: Sequence[str] | None = None
+) -> list[JobRow]:
+    """The newest jobs of these `projects` (None: every project)."""
+    jobs, _ = models.jobs.page(session, statuses=[status] if status else [], limit=limit, projects=projects)
     counts = restart_counts(session, [j.id for j in jobs])
     open_episodes = open_stragglers(session, [j.id for j in jobs if j.status in lifecycle.ACTIVE])
     return [JobRow(j, counts[j.id], goodput_of(session, j), open_episodes.get(j.id, 0)) for j in jobs]
@@ -122,6 +141,7 @@ class Marker:
     type: str
     title: str
     restart: bool
+    logs: str | None = None  # the failing rank's lines around it: the job page's query (logs_query)
 
 
 @dataclass
@@ -184,6 +204,7 @@ class JobView:
     recent: list[Event] = field(default_factory=list)
     steps: JobProgress | None = None
     nodes: list[NodeLiveness] = field(default_factory=list)
+    last_failure: Event | None = None  # the newest restart or end whose cause carries its rank's last lines
 
     @property
     def terminal(self) -> bool:
@@ -205,6 +226,17 @@ def describe(event: Event) -> str:
     if cause:
         parts.append(f": {cause}")
     return " ".join(parts)
+
+
+def logs_query(event: Event) -> str | None:
+    """For a failure that names a rank (its own, or its cause's): the job page's query that opens the logs panel on
+    that rank's lines around it, in the attempt that failed (a job restart's event is the next attempt's)."""
+    details = event.details or {}
+    rank = event.rank if event.rank is not None else details.get("rank")
+    if event.type not in FAILURE_TYPES or not isinstance(rank, int) or isinstance(rank, bool):
+        return None
+    attempt = details.get("from_attempt", event.attempt)
+    return urlencode({"rank": rank, "attempt": attempt, "around": event.ts.isoformat()})
 
 
 def _ticks(start: datetime, end: datetime, count: int = 6) -> list[tuple[float, str]]:
@@ -235,7 +267,7 @@ def timeline(job: Job, events: Sequence[Event], now: datetime) -> Timeline:
         x = LABEL_WIDTH + usable * (e.ts - start).total_seconds() / span
         restart = e.type in RESTART_TYPES
         title = f"{e.ts.strftime('%H:%M:%S')} {describe(e)}"
-        markers.append(Marker(round(x, 1), lane_y.get(e.type, lanes[1][1]), e.type, title, restart))
+        markers.append(Marker(round(x, 1), lane_y.get(e.type, lanes[1][1]), e.type, title, restart, logs_query(e)))
         if restart:
             restart_xs.append((round(x, 1), title))
     height = 20 + LANE_HEIGHT * len(LANES) + 22
@@ -343,7 +375,7 @@ def job_view(session: Session, job: Job) -> JobView:
         checkpoints=checkpoints(events),
         ranks=rank_cells(
             job,
-            liveness.ranks(session, job.id),
+            models.liveness.ranks(session, job.id),
             spec.world_size,
             spec.resiliency.heartbeat_timeout_s,
             now,
@@ -354,7 +386,8 @@ def job_view(session: Session, job: Job) -> JobView:
         goodput=goodput_of(session, job),
         recent=list(events[-30:])[::-1],
         steps=progress_of(session, job),
-        nodes=[n for n in nodes.of_job(session, job.id) if n.attempt == job.attempt],
+        nodes=[n for n in models.nodes.of_job(session, job.id) if n.attempt == job.attempt],
+        last_failure=next((e for e in reversed(events) if e.type in TAILED and "tail" in (e.details or {})), None),
     )
 
 

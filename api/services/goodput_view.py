@@ -20,6 +20,7 @@ class GoodputView:
     advice: tuple[str, ...] = field(default=())  # lines of text: the checkpoint interval that fits the job
     rolling: tuple[tuple[str, float | None], ...] = field(default=())  # ("5 min", ETTR) over the last minutes
     launcher: tuple[str, ...] = field(default=())  # lines of text: the launcher's timing of start and restarts
+    runs: str = ""  # what says where the runs' productive time starts, and whether recompute can be told
 
     @classmethod
     def of(cls, out: GoodputOut) -> GoodputView:
@@ -33,6 +34,7 @@ class GoodputView:
             advice=advice_lines(out.advice),
             rolling=tuple((f"{r.window_s / 60:g} min", r.ettr) for r in out.rolling),
             launcher=launcher_lines(out.launcher_phases),
+            runs=runs_line(out),
         )
 
     def bar(self, width: float = 1000.0) -> list[tuple[str, float, float, float]]:
@@ -52,6 +54,24 @@ def goodput_of(session: Session, job: Job) -> GoodputView | None:
     """The job's goodput, or None before it was launched."""
     out = goodput.job_goodput(session, job)
     return GoodputView.of(out) if out is not None else None
+
+
+BASIS_WORDS = {
+    "sdk": "the ranks' SDK",
+    "progress": "the ranks' output (zero-code progress)",
+    "processes": "the ranks' processes being up (no progress: start-up counts as productive)",
+}
+
+
+def runs_line(out: GoodputOut) -> str:
+    """`Productive time of 2 runs from: the ranks' SDK`, and that recompute cannot be told where it cannot."""
+    if not out.runs:
+        return ""
+    bases = list(dict.fromkeys(BASIS_WORDS[r.basis] for r in out.runs))
+    text = f"Productive time of {len(out.runs)} run{'s' if len(out.runs) > 1 else ''} from: {'; '.join(bases)}"
+    if out.recomputed_steps is None:
+        text += ". Steps redone after a restart: cannot tell (no run said where it resumed)"
+    return text
 
 
 def launcher_lines(phases: dict[str, dict[str, float]]) -> tuple[str, ...]:

@@ -8,8 +8,8 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from api import models
 from api.database.tables import Job, RankLiveness
-from api.models import liveness, nodes
 from api.schemas.jobs import JobProgress
 from api.schemas.spec import JobSpec
 from api.services import lifecycle
@@ -18,15 +18,15 @@ from api.services import lifecycle
 def reports_rank_progress(session: Session, job: Job, spec: JobSpec) -> bool:
     """Whether the job's ranks say how far they got (through the SDK, or a log pattern). Without it, hang
     detection is node-level only: a rank process that lives is not hung as far as ftplane can tell."""
-    if spec.progress.log_pattern or liveness.has_attempt(session, job.id, job.attempt):
+    if spec.progress.log_pattern or spec.progress.preset or models.liveness.has_attempt(session, job.id, job.attempt):
         return True
-    return any(row.progress == "sdk" for row in nodes.of_attempt(session, job.id, job.attempt))
+    return any(row.progress == "sdk" for row in models.nodes.of_attempt(session, job.id, job.attempt))
 
 
 def progress_of(session: Session, job: Job) -> JobProgress:
     spec = lifecycle.spec_of(job)
     level: Literal["rank", "node"] = "rank" if reports_rank_progress(session, job, spec) else "node"
-    step = liveness.max_step(session, job.id, job.attempt)
+    step = models.liveness.max_step(session, job.id, job.attempt)
     current = (RankLiveness.job_id == job.id) & (RankLiveness.attempt == job.attempt)
     times = [t for t in session.scalars(select(RankLiveness.step_time_s).where(current)) if t is not None and t > 0]
     step_time = statistics.median(times) if times else None

@@ -8,6 +8,9 @@ The standard body, stored with the delivery when the event is stored, so every r
               "job": {id, name, status, attempt, labels, url},
               "affected": {"events", "ranks", "nodes", "truncated"}}}   # PER_RANK_TYPES only
 
+A rank's failure, and the restart or end it caused, carry the failed rank's last lines in
+`details.tail` (redacted on its node); a Slack message shows the last of them.
+
 Where the event has a `cause` (the sentence), `details` carry its `cause_class` next to it: one
 of `api.schemas.causes.CauseClass`, the one the event states (`unknown` if it states none), so a
 receiver can switch on it without reading the sentence.
@@ -49,6 +52,8 @@ DEFAULT_EVENT_TYPES: tuple[EventType, ...] = (
     EventType.restart_storm,
     EventType.progress_stalled,
     EventType.recovery_stuck,
+    EventType.node_quarantined,
+    EventType.node_released,
     EventType.succeeded,
     EventType.failed,
     EventType.cancelled,
@@ -56,6 +61,7 @@ DEFAULT_EVENT_TYPES: tuple[EventType, ...] = (
 
 PER_RANK_TYPES = frozenset({EventType.hang_detected.value})
 AFFECTED_LISTED = 64
+SLACK_TAIL_LINES = 12  # of a failure's tail in a Slack message (a section holds 3,000 characters)
 
 _TITLES = {
     EventType.inprocess_restart: (":repeat:", "in-process restart"),
@@ -68,6 +74,8 @@ _TITLES = {
     EventType.restart_storm: (":tornado:", "restart storm"),
     EventType.progress_stalled: (":warning:", "progress stalled"),
     EventType.recovery_stuck: (":warning:", "recovery stuck"),
+    EventType.node_quarantined: (":construction:", "node quarantined"),
+    EventType.node_released: (":white_check_mark:", "node released"),
     EventType.succeeded: (":white_check_mark:", "succeeded"),
     EventType.failed: (":x:", "failed"),
     EventType.cancelled: (":octagonal_sign:", "cancelled"),
@@ -146,6 +154,8 @@ def _slack_escape(text: str) -> str:
 
 def slack_payload(payload: dict[str, Any]) -> dict[str, Any]:
     """A Slack incoming-webhook message (`text` for notifications, `blocks` for the layout)."""
+    if payload.get("type") == EventType.objective_breached:
+        return _slack_objective(payload)
     event = payload["data"]["event"]
     job = payload["data"]["job"]
     try:
@@ -175,13 +185,39 @@ def slack_payload(payload: dict[str, Any]) -> dict[str, Any]:
     section = f"*{linked}*: {title}"
     if cause:
         section += f"\n>{_slack_escape(str(cause))[:1000]}"
-    return {
-        "text": headline,
-        "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": section}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(facts)}]},
-        ],
-    }
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": section}}]
+    tail = details.get("tail")
+    if isinstance(tail, str) and tail:  # the failed rank's last lines: the traceback's last frame and message
+        shown = "\n".join(tail.splitlines()[-SLACK_TAIL_LINES:])[-2800:]
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"```{_slack_escape(shown)}```"}})
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(facts)}]})
+    return {"text": headline, "blocks": blocks}
+
+
+def _slack_objective(payload: dict[str, Any]) -> dict[str, Any]:
+    """An objective's breach (api/services/fleet/breaches.py): what it is, how far, and who spent the budget."""
+    data = payload["data"]
+    objective, status = data["objective"], data["status"]
+    name = _slack_escape(f"{objective['project']}/{objective['name']}")
+    ettr = status.get("ettr")
+    headline = f":chart_with_downwards_trend: {name}: ETTR objective breached ({data['breach']['reason']})"
+    facts = [
+        f"ETTR {ettr:.3f}" if isinstance(ettr, int | float) else "ETTR -",
+        f"target {objective['target']}",
+        f"window {objective['window']}",
+    ]
+    if isinstance(status.get("budget_left"), int | float):
+        facts.append(f"budget left {status['budget_left'] * 100:.0f} %")
+    spent = ", ".join(
+        f"{_slack_escape(str(j['name']))} {j['lost_gpu_hours']:.1f} GPU-h" for j in data.get("jobs", [])[:5]
+    )
+    causes = ", ".join(f"{_slack_escape(str(c))} {h:.1f}" for c, h in list(data.get("causes", {}).items())[:5])
+    text = f"*{name}*: ETTR objective breached\nlost GPU-hours by cause: {causes or '-'}\nspent by: {spent or '-'}"
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(facts)}]},
+    ]
+    return {"text": headline, "blocks": blocks}
 
 
 def render(payload: dict[str, Any], fmt: str) -> bytes:

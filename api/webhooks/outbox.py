@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from api.core import queue
@@ -62,7 +62,7 @@ def new_webhook_id() -> str:
 
 def retry_delay(attempts: int, rng: random.Random | None = None) -> float:
     """Seconds to wait after the `attempts`-th failed try (1-based): exponential, capped, jittered."""
-    base = min(MAX_RETRY_S, FIRST_RETRY_S * 2 ** max(0, attempts - 1))
+    base = min(MAX_RETRY_S, FIRST_RETRY_S * 2.0 ** max(0, attempts - 1))
     return base * (rng or random).uniform(0.5, 1.0)
 
 
@@ -94,6 +94,31 @@ def record(session: Session, job: Job, events: list[Event], public_url: str | No
         for event, together in announcements(events)
         for sub in subs
         if subscriptions.matches(sub, job, event)
+    ]
+    session.add_all(rows)
+    return [r.id for r in rows]
+
+
+def record_message(
+    session: Session, project: str, event_type: str, labels: dict[str, str], payload: dict[str, Any], now: datetime
+) -> list[str]:
+    """Deliveries of a message no job's event says (an objective's breach: `payload` is all there is), to the
+    project's subscriptions of its type whose label selector it carries; returns their ids (to enqueue after
+    commit)."""
+    rows = [
+        WebhookDelivery(
+            id=new_webhook_id(),
+            subscription_id=sub.id,
+            event_id=None,
+            job_id=None,
+            status=PENDING,
+            attempts=0,
+            next_try_at=now,
+            created_at=now,
+            payload=payload,
+        )
+        for sub in subscriptions.active(session)
+        if subscriptions.matches_message(sub, project, event_type, labels)
     ]
     session.add_all(rows)
     return [r.id for r in rows]
@@ -186,6 +211,8 @@ def claim(session: Session, delivery_id: str, now: datetime, *, lease: float) ->
 
 
 def _rebuild_payload(session: Session, row: WebhookDelivery) -> dict[str, Any] | None:
+    if row.event_id is None or row.job_id is None:
+        return None
     event = session.get(Event, row.event_id)
     job = session.get(Job, row.job_id)
     return standard_payload(job, event) if event and job else None
@@ -263,6 +290,10 @@ def redeliver(session: Session, subscription_id: str, delivery_id: str, now: dat
     return row
 
 
+# A delivery's event type: its event's, or for a message of no event (an objective's breach) its payload's.
+_EVENT_TYPE = func.coalesce(Event.type, WebhookDelivery.payload["type"].as_string())
+
+
 def _encode_cursor(row: WebhookDelivery) -> str:
     raw = json.dumps([row.created_at.isoformat(), row.id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -286,8 +317,8 @@ def log_page(
 ) -> tuple[list[DeliveryOut], str | None]:
     """Newest first. Raises ValueError on a bad cursor."""
     query = (
-        select(WebhookDelivery, Event.type)
-        .join(Event, Event.id == WebhookDelivery.event_id)
+        select(WebhookDelivery, _EVENT_TYPE)
+        .outerjoin(Event, Event.id == WebhookDelivery.event_id)
         .where(WebhookDelivery.subscription_id == subscription_id)
     )
     if status:
@@ -309,8 +340,8 @@ def log_page(
 
 def one(session: Session, delivery_id: str) -> DeliveryOut | None:
     found = session.execute(
-        select(WebhookDelivery, Event.type)
-        .join(Event, Event.id == WebhookDelivery.event_id)
+        select(WebhookDelivery, _EVENT_TYPE)
+        .outerjoin(Event, Event.id == WebhookDelivery.event_id)
         .where(WebhookDelivery.id == delivery_id)
     ).first()
     return _out(found[0], found[1]) if found else None

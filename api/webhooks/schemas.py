@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.schemas.events import EventType
-from api.schemas.spec import LabelKey, LabelValue, keys_match_pattern
+from api.schemas.kubernetes_spec import LabelValue, keys_match_pattern
+from api.schemas.spec import LabelKey
 from api.webhooks.messages import DEFAULT_EVENT_TYPES
 
 # A receiver's URL as the API accepts it: http(s), a host (a name, or an IPv6 address in brackets), an
@@ -39,6 +40,13 @@ _URL = re.compile(URL_PATTERN)
 class WebhookIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    project: str = Field(
+        default="default",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="The project whose jobs' events are delivered (the caller must be its admin).",
+    )
     url: str = Field(
         min_length=1,
         max_length=2048,
@@ -50,8 +58,9 @@ class WebhookIn(BaseModel):
         default_factory=lambda: list(DEFAULT_EVENT_TYPES),
         min_length=1,
         max_length=len(EventType),
-        description="Event types to deliver. Default: every restart rung, hang_detected, node_excluded "
-        "and the job's end (succeeded, failed, cancelled).",
+        description="Event types to deliver. Default: every restart rung, hang_detected, node_excluded, the "
+        "straggler and restart-anomaly events, node_quarantined and node_released, and the job's end (succeeded, "
+        "failed, cancelled).",
     )
     label_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
@@ -84,6 +93,7 @@ class WebhookOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: str
+    project: str
     url: str
     event_types: list[EventType]
     label_selector: dict[str, str]
@@ -99,9 +109,11 @@ class WebhookCreated(WebhookOut):
 class DeliveryOut(BaseModel):
     id: str = Field(description="The webhook-id header: stable across retries and redeliveries.")
     subscription_id: str
-    event_id: int
+    event_id: int | None = Field(
+        description="The event it announces (null: a message of no job, e.g. an objective_breached)."
+    )
     event_type: str
-    job_id: str
+    job_id: str | None = Field(description="The event's job (null: a message of no job).")
     status: str = Field(description="pending | delivered | failed")
     attempts: int
     last_status_code: int | None

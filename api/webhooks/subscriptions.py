@@ -19,6 +19,7 @@ def create(session: Session, body: WebhookIn, *, allow_private: bool) -> tuple[W
     secret = new_secret()
     row = WebhookSubscription(
         id=new_id(),
+        project=body.project,
         url=body.url,
         event_types=[t.value for t in body.event_types],
         label_selector=dict(body.label_selector),
@@ -32,8 +33,12 @@ def create(session: Session, body: WebhookIn, *, allow_private: bool) -> tuple[W
     return row, secret
 
 
-def list_all(session: Session) -> list[WebhookSubscription]:
-    return list(session.scalars(select(WebhookSubscription).order_by(WebhookSubscription.created_at)))
+def list_all(session: Session, projects: list[str] | None = None) -> list[WebhookSubscription]:
+    """Every subscription (`projects` None), or those of these projects."""
+    query = select(WebhookSubscription).order_by(WebhookSubscription.created_at)
+    if projects is not None:
+        query = query.where(WebhookSubscription.project.in_(projects))
+    return list(session.scalars(query))
 
 
 def get(session: Session, subscription_id: str) -> WebhookSubscription | None:
@@ -52,7 +57,16 @@ def active(session: Session) -> list[WebhookSubscription]:
 
 
 def matches(subscription: WebhookSubscription, job: Job, event: Event) -> bool:
-    if event.type not in subscription.event_types:
+    """A subscription hears of its own project's jobs only."""
+    if subscription.project != job.project or event.type not in subscription.event_types:
         return False
     labels = job.labels or {}
+    return all(labels.get(key) == value for key, value in (subscription.label_selector or {}).items())
+
+
+def matches_message(subscription: WebhookSubscription, project: str, event_type: str, labels: dict[str, str]) -> bool:
+    """A message of no job (an objective's breach): its project's subscriptions of its type, whose label selector
+    the message's labels (the objective's selector) carry."""
+    if subscription.project != project or event_type not in subscription.event_types:
+        return False
     return all(labels.get(key) == value for key, value in (subscription.label_selector or {}).items())

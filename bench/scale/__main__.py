@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +113,6 @@ def commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Thousands of uplinks in one process: their retry and close warnings would drown the output; the figures count
-    # every failed and refused report by cause instead.
-    logging.getLogger("trainer.agent.uplink").setLevel(logging.ERROR)
     p = params(args)
     steady = args.steady or p.jobs > 1
     print(f"machine: {machine()}; commit {commit()}")
@@ -131,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             result, cpu = cp.healthz_baseline(args.baseline)
             baseline = baseline_figures(result, cpu)
             run = run_jobs if steady else run_one_job
-            figures = simulate(run(p, cp, workdir, baseline))
+            with quiet_uplinks():
+                figures = simulate(run(p, cp, workdir, baseline))
     figures["cores"] = os.cpu_count()
     figures["commit"] = commit()
     print()
@@ -139,6 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, default=str))
     return 0 if lost(figures) == 0 else 1
+
+
+@contextlib.contextmanager
+def quiet_uplinks() -> Iterator[None]:
+    """Thousands of uplinks in one process: their retry and close warnings would drown the output; the figures
+    count every failed and refused report by cause instead. The level is put back: a caller in the same process
+    (the smoke test's worker) keeps its logging."""
+    uplink_log = logging.getLogger("ftplane.trainer.agent.uplink")
+    level = uplink_log.level
+    uplink_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        uplink_log.setLevel(level)
 
 
 def simulate(main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:

@@ -30,8 +30,8 @@ from typing import Any
 from api.core import heap
 from bench.scale.params import Params
 from bench.scale.wire import Network
-from trainer.agent.report_buffer import Outcome, Report
-from trainer.agent.uplink import AsyncUplink
+from ftplane.trainer.agent.report_buffer import Outcome, Report
+from ftplane.trainer.agent.uplink import AsyncUplink
 
 
 def iso(t: float) -> str:
@@ -127,7 +127,7 @@ class SimNode:
         counted = tally.measuring and not self.disturbed
         tally.ticks += counted
         self.handed.append((status, time.monotonic(), counted))
-        self.uplink.status(status)
+        self.uplink.liveness(status)
         beat = self.fleet.beat
         if beat is not None and beat is not self.beat_sent:
             self.beat_sent = beat
@@ -142,10 +142,10 @@ class SimNode:
                 self.connected = True
                 self.fleet.node_connected()
             ledger.accepted.update(keys)
-            self._delivered(report.status)  # also after the window: a beat offered in it may be delivered later
+            self._delivered(report.liveness)  # also after the window: a beat offered in it may be delivered later
             self.disturbed = self.network.cut
         elif outcome.liveness_taken:  # a busy server shed the events but took the liveness, and said so
-            self._delivered(report.status, by_shed=True)
+            self._delivered(report.liveness, by_shed=True)
         elif not outcome.retry:
             ledger.refused.update(keys)
         if not tally.measuring:

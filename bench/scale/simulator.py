@@ -22,6 +22,8 @@ from bench.scale.controlplane import Window
 from bench.scale.fleet import Fleet, iso
 from bench.scale.params import Params
 from bench.scale.truth import Fault, Observer, Truth
+from ftplane import contract
+from ftplane.contract import EventType
 
 CHECKPOINT_BYTES = 16 * 10**9 * 12  # an 8B-parameter model's weights and optimizer state
 ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -72,11 +74,17 @@ class Simulation:
         run = f"a{self.attempt}:r{self.restart_count}:i{self.iteration}"
         if start_step > 0:
             details = {"step": start_step, "load_s": round(p.real(p.checkpoint_load_sim_s), 4)}
-            event = {"key": f"sim:load:{run}", "type": "checkpoint_loaded", "ts": iso(at - 0.001), "rank": 0}
+            event = {"key": f"sim:load:{run}", "type": EventType.checkpoint_loaded, "ts": iso(at - 0.001), "rank": 0}
             self.fleet.send(0, {**event, "step": start_step, "details": details})
         details = {"restart_count": self.restart_count, "iteration": self.iteration, "start_step": start_step}
         for rank in range(p.ranks):
-            event = {"key": f"sim:run:{run}:{rank}", "type": "running", "ts": ts, "rank": rank, "step": start_step}
+            event = {
+                "key": f"sim:run:{run}:{rank}",
+                "type": EventType.running,
+                "ts": ts,
+                "rank": rank,
+                "step": start_step,
+            }
             self.fleet.send(p.node_of(rank), {**event, "details": {**details, "world_size": p.ranks}})
 
     def checkpoint_saved(self, completed: float, step: int) -> None:
@@ -89,7 +97,7 @@ class Simulation:
             "engine": "async",
         }
         key = f"sim:ckpt:{step}:a{self.attempt}:r{self.restart_count}:i{self.iteration}"
-        event = {"key": key, "type": "checkpoint_saved", "ts": iso(completed), "rank": 0, "step": step}
+        event = {"key": key, "type": EventType.checkpoint_saved, "ts": iso(completed), "rank": 0, "step": step}
         self.fleet.send(0, {**event, "details": details})
 
     # ---- the story ----
@@ -234,7 +242,7 @@ class Simulation:
             "iteration": self.iteration,
             "inprocess": fault.kind != "crash",
         }
-        event = {"key": f"sim:fail:{len(self.faults)}", "type": "rank_failed", "ts": iso(fault.injected)}
+        event = {"key": f"sim:fail:{len(self.faults)}", "type": EventType.rank_failed, "ts": iso(fault.injected)}
         self.fleet.send(fault.node, {**event, "rank": fault.rank, "step": fault.step, "details": details})
         cost = p.real(p.injob_sim_s if fault.kind == "crash" else p.inprocess_sim_s)
         restarted = fault.injected + 0.6 * cost  # the new processes (or the re-entered loop) start
@@ -243,16 +251,23 @@ class Simulation:
         if fault.kind == "crash":
             self.restart_count += 1
             self.iteration = 0
-            key = f"injob_restart:{self.job_id}:{self.attempt}:{self.restart_count}"
+            key = contract.injob_restart_key(self.job_id, self.attempt, self.restart_count)
             details = {"restart_count": self.restart_count, "source": "launcher"}
-            restart = {"key": key, "type": "injob_restart", "ts": iso(restarted), "rank": None, "details": details}
+            restart = {
+                "key": key,
+                "type": EventType.injob_restart,
+                "ts": iso(restarted),
+                "rank": None,
+                "details": details,
+            }
             self.fleet.send_from_every_node(lambda node: dict(restart))
         else:
             self.iteration += 1
-            key = f"inprocess_restart:{self.job_id}:{self.attempt}:{self.restart_count}:{self.iteration}"
+            key = contract.inprocess_restart_key(self.job_id, self.attempt, self.restart_count, self.iteration)
             details = {"iteration": self.iteration, "restart_count": self.restart_count}
             self.fleet.send(
-                0, {"key": key, "type": "inprocess_restart", "ts": iso(restarted), "rank": 0, "details": details}
+                0,
+                {"key": key, "type": EventType.inprocess_restart, "ts": iso(restarted), "rank": 0, "details": details},
             )
         await self.sleep_until(start)
         self.truth.add(fault.injected, start, "restart")

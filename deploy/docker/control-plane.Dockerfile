@@ -10,7 +10,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY api ./api
 COPY workers ./workers
 COPY trainer ./trainer
@@ -18,7 +18,7 @@ COPY migrations ./migrations
 COPY ftplane ./ftplane
 RUN python -m venv /opt/ftplane \
  && /opt/ftplane/bin/pip install --upgrade pip \
- && /opt/ftplane/bin/pip install .
+ && /opt/ftplane/bin/pip install ".[server]"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/ftplane/bin:$PATH \

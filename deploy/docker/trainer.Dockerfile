@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The training image job specs name in `image`: CUDA PyTorch, NVIDIA's resiliency
 # extension (ft_launcher, in-process restart, async checkpointing) and ftplane's
-# `trainer` package, run as `ft_launcher ... python -m trainer` by the kubernetes backend.
+# node side (`pip install ftplane`: the node agent `ftplane-agent`, the SDK, the built-in trainer
+# `python -m ftplane.trainer`), with httpx as its only dependency beside NVRx.
 #
 # Build from the repository root:
 #   docker build -f deploy/docker/trainer.Dockerfile -t ftplane-trainer:0.1.0 .
@@ -12,7 +13,13 @@
 # EFA (p4d/p5 on EKS): NCCL reaches the EFA adapters through libfabric and the
 # aws-ofi-nccl plugin, both installed by AWS's EFA installer (INSTALL_EFA=1, the
 # default), at a pinned version (EFA_INSTALLER_VERSION; "latest" is refused: a rebuild
-# must not change the network stack under a job). The pods request
+# must not change the network stack under a job). As AWS's sample does on this same NGC
+# base (awsome-distributed-training, 2.ami_and_containers/2.docker/0.nvcr-pytorch-aws.dockerfile),
+# NGC's own network stack goes first: its libibverbs and mlx5 packages (the installer
+# brings the rdma-core EFA needs), HPC-X's Open MPI (not all of /opt/hpcx: torch links
+# its UCX), and the NCCL network plugins NGC ships (HPC-X's SHARP plugin is a
+# libnccl-net.so, which NCCL would load instead of EFA's). NCCL_NET_PLUGIN=ofi then names
+# the plugin NCCL opens: libnccl-net-ofi.so, the installer's. The pods request
 # `vpc.amazonaws.com/efa` (spec.resources.efa_per_node), which the EFA device plugin on
 # the node provides; the backend sets the NCCL/EFA variables that depend on the
 # instance type (workers/backends/kubernetes/efa.py). Without EFA, build with
@@ -38,12 +45,19 @@ RUN if [ "$EFA_INSTALLER_VERSION" = "latest" ]; then \
       echo "pin EFA_INSTALLER_VERSION to a release, not latest" >&2; exit 1; \
     fi; \
     if [ "$INSTALL_EFA" = "1" ]; then \
-      apt-get update && apt-get install -y --no-install-recommends curl ca-certificates procps \
+      apt-get update \
+      && apt-get remove -y --allow-change-held-packages libmlx5-1 ibverbs-utils libibverbs-dev libibverbs1 || true; \
+      rm -rf /opt/hpcx/ompi /usr/local/mpi /opt/hpcx/nccl_rdma_sharp_plugin /opt/amazon/aws-ofi-nccl \
+      && rm -f /usr/lib/x86_64-linux-gnu/libnccl-net*.so* /usr/local/lib/libnccl-net*.so* \
+      && ldconfig \
+      && apt-get install -y --no-install-recommends curl ca-certificates procps \
       && cd /tmp \
       && curl -fsSLO "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
       && tar -xf "aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
       && cd aws-efa-installer \
       && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify \
+      && ldconfig \
+      && test -e /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so \
       && cd / && rm -rf /tmp/aws-efa-installer* /var/lib/apt/lists/*; \
     else \
       apt-get update && apt-get install -y --no-install-recommends procps && rm -rf /var/lib/apt/lists/*; \
@@ -54,17 +68,24 @@ RUN if [ "$EFA_INSTALLER_VERSION" = "latest" ]; then \
 # the instance type: the backend sets it per pod.
 ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:${LD_LIBRARY_PATH} \
     PATH=/opt/amazon/efa/bin:${PATH} \
+    OPAL_PREFIX= \
+    NCCL_NET_PLUGIN=ofi \
     FI_EFA_FORK_SAFE=1 \
     RDMAV_FORK_SAFE=1 \
     NCCL_NVLS_ENABLE=0 \
     NCCL_DEBUG=WARN
 
-RUN pip install "nvidia-resiliency-ext==${NVRX_VERSION}" "httpx>=0.27"
+RUN pip install "nvidia-resiliency-ext==${NVRX_VERSION}"
 
-# The trainer package only (it imports nothing from the control plane).
-COPY trainer /opt/ftplane/trainer
-ENV PYTHONPATH=/opt/ftplane \
-    PYTHONUNBUFFERED=1
+# ftplane's base install: the node side only (no web, database, queue or Kubernetes libraries).
+COPY pyproject.toml README.md LICENSE /tmp/ftplane/
+COPY api /tmp/ftplane/api
+COPY workers /tmp/ftplane/workers
+COPY migrations /tmp/ftplane/migrations
+COPY ftplane /tmp/ftplane/ftplane
+COPY trainer /tmp/ftplane/trainer
+RUN pip install /tmp/ftplane && rm -rf /tmp/ftplane
+ENV PYTHONUNBUFFERED=1
 
 COPY deploy/docker/efa-check.sh /opt/ftplane/bin/efa-check
 
@@ -72,4 +93,4 @@ COPY deploy/docker/efa-check.sh /opt/ftplane/bin/efa-check
 # (the node agent, which starts ft_launcher) and mounts /dev/shm and the checkpoint volume.
 WORKDIR /workspace
 ENTRYPOINT ["/opt/ftplane/bin/efa-check"]
-CMD ["python", "-m", "trainer", "--help"]
+CMD ["python", "-m", "ftplane.trainer", "--help"]

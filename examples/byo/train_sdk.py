@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer import sdk  # ftplane
+from ftplane import sdk  # ftplane
 
 
 def parse_args() -> argparse.Namespace:

@@ -66,11 +66,11 @@ def test_auth_disabled_allows_anonymous_admin(monkeypatch: Any, app: Any) -> Non
 
 def test_the_last_admin_token_cannot_be_revoked(admin: TestClient, admin_token: str) -> None:
     """Revoking it would lock every admin out of the API: 409 naming it, until another admin token exists."""
-    mine = next(t for t in admin.get("/v1/tokens").json() if t["role"] == "admin")
+    mine = next(t for t in admin.get("/v1/tokens").json() if t["role"] == "cluster-admin")
     refused = admin.delete(f"/v1/tokens/{mine['id']}")
     assert refused.status_code == 409, refused.text
     message = refused.json()["error"]["message"]
-    assert mine["id"] in message and "last active admin" in message
+    assert mine["id"] in message and "last active cluster-admin" in message
     other = admin.post("/v1/tokens", json={"name": "ops"}).json()
     assert admin.delete(f"/v1/tokens/{mine['id']}").status_code == 204  # another admin remains
     ops = TestClient(admin.app, headers={"Authorization": f"Bearer {other['token']}"})
@@ -122,5 +122,5 @@ def test_two_admins_revoking_each_other_at_once_leave_one(
     second.join(30)
     assert answers == {"a": 204, "b": 409}, answers
     with session_scope() as session:
-        active = [t for t in tokens.list_tokens(session) if t.role == "admin" and t.revoked_at is None]
+        active = [t for t in tokens.list_tokens(session) if t.role == "cluster-admin" and t.revoked_at is None]
     assert [t.name for t in active] == ["a"]

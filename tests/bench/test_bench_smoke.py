@@ -1,6 +1,6 @@
 """Each benchmark script in bench/ end to end with tiny parameters, so the scripts cannot rot (not a measurement):
-recovery, ingest, detect, scale, k8s_status, agent, stragglers, and gpu's efficiency section (the one that runs
-without CUDA)."""
+recovery, ingest, detect, scale, k8s_status, agent, agent_logs, stragglers, fleet_goodput, and gpu's efficiency
+section (the one that runs without CUDA)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PG_URL, REDIS_URL, require
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,7 @@ def test_recovery_smoke(tmp_path: Path) -> None:
     out = tmp_path / "recovery.json"
     cmd = [sys.executable, "-m", "bench.recovery", "--faults", "1", "--rungs", "injob", "--json", str(out)]
     cmd += ["--workdir", str(tmp_path / "work")]  # its logs stay with the test
-    done = subprocess.run(cmd, timeout=240, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run(cmd, timeout=240, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     (m,) = json.loads(out.read_text())["injob"]
     assert 0 < m["detect_s"] <= m["resume_s"] <= m["recovery_s"] < 120
@@ -45,10 +46,13 @@ def test_detect_smoke(tmp_path: Path) -> None:
     from bench import detect
 
     out = tmp_path / "detect.json"
-    argv = ["--trials", "2", "--timeout", "2", "--supervise-interval", "0.5", "--embedded", "--json", str(out)]
+    # A hang is only seen if a supervision pass comes before the rank resumes (at twice the timeout): 5 s
+    # leaves a loaded machine's passes 4.5 s of slack.
+    argv = ["--trials", "2", "--timeout", "5", "--supervise-interval", "0.5", "--embedded", "--json", str(out)]
     assert detect.main(argv) == 0
     trials = json.loads(out.read_text())
-    assert len(trials) == 2 and all(2 <= t["detect_s"] <= t["webhook_s"] < 10 for t in trials)
+    # Never detected before the timeout; how long after it is the benchmark's figure, not this test's.
+    assert len(trials) == 2 and all(5 <= t["detect_s"] <= t["webhook_s"] for t in trials)
 
 
 def test_scale_smoke(tmp_path: Path) -> None:
@@ -94,7 +98,8 @@ def test_gpu_efficiency_section_smoke_on_cpu(tmp_path: Path) -> None:
     assert (result["interval_steps"], result["steps"], result["window"]) == (4, 11, [2, 10])
     saves = [line for line in result["runs"]["async"]["checkpoint_lines"] if "complete" in line]
     assert [int(line.split("checkpoint step ")[1].split()[0]) for line in saves] == [4, 8, 11]
-    assert result["runs"]["none"]["steps_done"] == 11 and 0 < result["async_over_none"] < 2
+    # The ratio is reported, not judged: its figure comes from a quiet machine (bench/RESULTS.md), never from here.
+    assert result["runs"]["none"]["steps_done"] == 11 and result["async_over_none"] > 0
 
 
 def test_agent_smoke() -> None:
@@ -105,12 +110,22 @@ def test_agent_smoke() -> None:
     assert agent.main(["--seconds", "2", "--warmup", "6", "--ranks", "2", "--kills", "1"]) == 0
 
 
+def test_agent_logs_smoke() -> None:
+    """A rank printing 500 lines/s for 1 s after 1 s, under ft_launcher alone and under the agent."""
+    from bench import agent_logs
+
+    assert agent_logs.main(["--seconds", "1", "--warmup", "1", "--rate", "500"]) == 0
+
+
 def test_k8s_status_smoke() -> None:
     """16 pods against the fake API, two passes per case."""
     from bench import k8s_status
 
     result = k8s_status.main(["--pods", "16", "--passes", "2", "--node-images", "2", "--pod-padding", "10"])
-    assert set(result["results"]) == {"steady", "a page of nodes", "a node lost"}
+    cases = ("steady", "a page of nodes", "a node lost")
+    assert set(result["results"]) == {f"{case} ({way})" for case in cases for way in ("before", "after")}
+    steady = result["results"]["steady (before)"]["bytes"], result["results"]["steady (after)"]["bytes"]
+    assert steady[1] < steady[0]  # the watched reads read less than the whole list every pass
 
 
 def test_stragglers_smoke(tmp_path: Path) -> None:
@@ -124,3 +139,29 @@ def test_stragglers_smoke(tmp_path: Path) -> None:
     clean, slowed = json.loads(out.read_text())
     assert clean["false_episodes"] == 0 and clean["episodes"] == [] and clean["passes"] == 21
     assert slowed["detected_rank"] == slowed["slowed_rank"] and 0 < slowed["detection_s"] <= 20
+
+
+def test_auth_smoke(tmp_path: Path) -> None:
+    """JWT and token requests both succeed, and the measured modes fetch no keys from the provider."""
+    from bench import auth
+
+    out = tmp_path / "auth.json"
+    argv = ["--duration", "1", "--warmup", "0.2", "--concurrency", "2", "--databases", "sqlite", "--json", str(out)]
+    assert auth.main(argv) == 0
+    figures = json.loads(out.read_text())
+    assert [f["mode"] for f in figures] == ["healthz", "token", "jwt-rs256", "jwt-es256"]
+    assert all(f["errors"] == 0 and f["requests_per_s"] > 0 and f["jwks_fetches"] == 0 for f in figures), figures
+
+
+def test_fleet_goodput_smoke(tmp_path: Path) -> None:
+    """50 jobs, 20,000 events (~15 s): built, summarized, every query shape answered, the spot checks agree."""
+    from bench import fleet_goodput
+
+    out = tmp_path / "fleet.json"
+    argv = ["--jobs", "50", "--events", "20000", "--calls", "1", "--workdir", str(tmp_path / "work")]
+    argv += ["--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL"), "--json", str(out)]
+    assert fleet_goodput.main(argv) == 0
+    f = json.loads(out.read_text())
+    assert f["jobs"] == 50 and 0 < f["events"] <= 20000 and f["segments"] > 0 and f["summarize_passes"] >= 2
+    assert set(f["calls"]) == set(fleet_goodput.SHAPES) and all(len(ms) == 2 for ms in f["calls"].values())
+    assert f["checks"] and all(c["agree"] for c in f["checks"])

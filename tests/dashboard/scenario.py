@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from api.schemas.events import utcnow
 from tests.conftest import tiny_spec
-from tests.webhooks.support import post_events, start
+from tests.support.embedded_app import post_events, start
 
 
 def job_with_restarts(admin: TestClient) -> dict[str, Any]:

@@ -1,24 +1,28 @@
-"""The dashboard in real headless Chromium: log in, see a job's restarts on its timeline, live updates."""
+"""The dashboard in real headless Chromium: log in, see a job's restarts on its timeline, live updates, its logs."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from api.schemas.events import utcnow
 from tests.dashboard.scenario import job_with_restarts
+from tests.support.embedded_app import post_events
 from tests.support.live_api import serve_in_thread
-from tests.webhooks.support import post_events
+from tests.support.node_logs import node_logs
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.browser
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+ARTIFACTS = REPO / "tests" / "artifacts"
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
@@ -53,10 +57,12 @@ def test_log_in_and_see_a_restart_on_the_timeline(server: str, admin: TestClient
             expect(page).to_have_url(server + "/login?next=/")
             page.fill("#token", "ftp_admin_wrong")
             page.click("button[type=submit]")
-            expect(page.locator(".error")).to_contain_text("not a valid admin token")
+            expect(page.locator(".error")).to_contain_text("not valid here")
             problems.clear()  # the refused login answered 401, as it should
             page.fill("#token", admin_token)
             page.click("button[type=submit]")
+            expect(page).to_have_url(server + "/fleet")  # a cluster admin lands on the fleet page
+            page.click("header nav a[href='/']")
             expect(page).to_have_url(server + "/")
 
             [cookie] = [c for c in page.context.cookies() if c["name"] == "ftplane_token"]
@@ -98,3 +104,66 @@ def test_log_in_and_see_a_restart_on_the_timeline(server: str, admin: TestClient
             expect(page).to_have_url(f"{server}/login?next=/jobs/{job['id']}")
         finally:
             browser.close()
+
+
+def test_the_logs_panel_follows_the_ranks_and_a_failure_links_to_its_lines(
+    server: str, admin: TestClient, admin_token: str
+) -> None:
+    """A running job's page shows what its ranks printed and keeps following; a rank failure on the timeline and in
+    the events table opens that rank's lines around it."""
+    require_chromium()
+    from playwright.sync_api import expect, sync_playwright
+
+    job = job_with_restarts(admin)
+    logs, _ = node_logs(job["id"])
+    for n in range(3):
+        logs.rank_line(0, f"rank 0 step {n}")
+    logs.rank_line(1, "rank 1 step 0")
+    logs.rank_line(1, "Traceback (most recent call last):")
+    logs.rank_line(1, "ValueError: the failure's own line")
+    failed = {"key": "rf1", "type": "rank_failed", "rank": 1, "node": "host-n0", "ts": utcnow().isoformat()}
+    failed["details"] = {"cause": "raised ValueError: the failure's own line (exit code 1)", "cause_class": "exception"}
+    restart = {"key": "jr1", "type": "job_restart", "attempt": 1, "ts": utcnow().isoformat()}
+    restart["details"] = {**failed["details"], "rank": 1, "from_attempt": 0, "tail": "step 9\nValueError: the tail"}
+    post_events(admin, job, failed, restart)
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            host = server.split("//")[1].split(":")[0]
+            context.add_cookies([{"name": "ftplane_token", "value": admin_token, "domain": host, "path": "/"}])
+            page = context.new_page()
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(f"{server}/jobs/{job['id']}")
+
+            expect(page.locator("#failure-tail pre")).to_have_text("step 9\nValueError: the tail")
+            page.locator("#log-controls select[name=attempt]").select_option("0")  # the job restart made attempt 1
+            page.locator("#log-controls button").click()
+            lines = page.locator("#log-lines .log-line")
+            expect(lines).to_have_count(6)  # every rank's
+            expect(page.locator("#log-lines")).to_have_attribute("data-state", "following")
+            logs.rank_line(0, "printed while the page was open")
+            expect(lines.last).to_contain_text("[rank0] printed while the page was open", timeout=8000)
+
+            page.locator("#events tr.event-rank_failed a.logs-link").click()
+            expect(page).to_have_url(f"{server}/jobs/{job['id']}?rank=1&attempt=0&around=" + _around(failed) + "#logs")
+            expect(lines).to_have_count(3)
+            expect(lines.last).to_have_text(re.compile(r"\[rank1\] ValueError: the failure's own line$"))
+            expect(page.locator("#log-lines .near-failure")).to_have_count(3)
+            page.screenshot(path=str(ARTIFACTS / "dashboard-logs.png"), full_page=True)
+
+            page.goto(f"{server}/jobs/{job['id']}")
+            page.locator("#timeline a.logs-link circle.mark-rank_failed").click()
+            expect(page.locator("#log-controls input[name=rank]")).to_have_value("1")
+            expect(lines.last).to_contain_text("ValueError: the failure's own line")
+            assert problems == [], problems
+        finally:
+            browser.close()
+
+
+def _around(event: dict[str, Any]) -> str:
+    from urllib.parse import quote
+
+    return quote(datetime.fromisoformat(event["ts"]).isoformat(), safe="")

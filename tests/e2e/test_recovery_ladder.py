@@ -4,7 +4,6 @@ a real `ftplane serve`, fails for real and recovers through each rung of the lad
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-TRAINER = ["python", "-m", "trainer", "--model", "tiny", "--batch-size", "4"]
+TRAINER = ["python", "-m", "ftplane.trainer", "--model", "tiny", "--batch-size", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -134,17 +133,15 @@ def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(
         assert loaded["step"] > 0 and loaded["step"] % 5 == 0
         running = next(e for e in history if e["id"] > loaded["id"] and e["type"] == "running")
         assert running["details"]["start_step"] == loaded["step"]
-    # Every restart reached on-call as a signed webhook within 2 s of the restart event.
+    # Every restart reached on-call as a signed webhook, at its first try. (How soon after the fault is a
+    # latency, measured by bench.detect on a quiet machine, not bounded here.)
     restarts = {e["id"]: e for e in history if e["type"] in ("inprocess_restart", "injob_restart")}
     received = receiver.wait_for("/oncall", len(restarts) + 2, timeout=30)  # + hang_detected and succeeded
-    delivered: dict[int, float] = {}
-    for request in received:
-        payload = Webhook(hook["secret"]).verify(request.body, request.headers)
-        delivered.setdefault(payload["data"]["event"]["id"], request.wall)
-    for event_id, event in restarts.items():
-        assert event_id in delivered, f"no webhook for {event['type']}"
-        lag = delivered[event_id] - datetime.fromisoformat(event["ts"]).timestamp()
-        assert lag < 2.0, f"{event['type']} delivered {lag:.2f} s after the event"
+    delivered = {Webhook(hook["secret"]).verify(r.body, r.headers)["data"]["event"]["id"] for r in received}
+    assert set(restarts) <= delivered, [restarts[i]["type"] for i in set(restarts) - delivered]
+    log = api.request("GET", f"/v1/webhooks/{hook['id']}/deliveries")["items"]
+    tries = {d["event_id"]: (d["status"], d["attempts"]) for d in log}
+    assert all(tries[i] == ("delivered", 1) for i in restarts), tries
 
     saved = events(api, job_id, "checkpoint_saved")
     assert saved and all(e["details"]["blocking_s"] >= 0 and e["details"]["bytes"] > 0 for e in saved)

@@ -12,6 +12,8 @@
 - `cluster`: kubelets and the node lifecycle (run, exit, evictions, image and mount failures, nodes
   NotReady then their pods terminating after their toleration, the Eviction API, drains);
 - `kueue`: Workloads, admission and preemption of suspended Jobs;
+- `pod_logs`: the `pods/log` subresource: containers' logs with tailLines, sinceSeconds/sinceTime,
+  timestamps, limitBytes and follow, as the API server checks them and the kubelet serves them;
 - `server`: `FakeKube`, all of the above behind an HTTP server, with API errors or delays injected on
   chosen calls.
 """

@@ -32,6 +32,14 @@ class Cluster(Scheduler):
         for name in nodes if nodes is not None else [f"ip-10-0-1-{i}" for i in range(1, 9)]:
             self.add_node(name)
 
+    def node_reachable(self, node: str | None) -> bool:
+        """A kubelet that posts its node's status can stop containers; one that stopped cannot."""
+        obj = self.objects.get(("nodes", "", node or ""))
+        if obj is None:
+            return False
+        ready: dict[str, Any] = next((c for c in obj["status"]["conditions"] if c["type"] == "Ready"), {})
+        return ready.get("status") != "Unknown"
+
     def _set_status(self, pod: dict[str, Any], **status: Any) -> None:
         pod["status"].update(status)
         pod["metadata"]["resourceVersion"] = str(next(self.rv))
@@ -45,13 +53,15 @@ class Cluster(Scheduler):
 
     # --- kubelets
 
-    def run(self, job: str, ns: str) -> None:
-        """Bound pending pods start their containers."""
+    def run(self, job: str, ns: str, indexes: list[int] | None = None) -> None:
+        """Bound pending pods (all of them, or those of `indexes`) start their containers."""
         with self.lock:
             for pod in self.pods(job, ns):
                 if pod["status"]["phase"] != "Pending" or not pod["spec"].get("nodeName"):
                     continue
                 index = int(pod["metadata"]["labels"][INDEX_LABEL])
+                if indexes is not None and index not in indexes:
+                    continue
                 ts = self.ts()
                 node = pod["spec"]["nodeName"]
                 self.event(pod, "Pulled", "Container image already present on machine", host=node)
@@ -114,12 +124,20 @@ class Cluster(Scheduler):
     def oom(self, job: str, ns: str, index: int) -> None:
         self.exit(job, ns, index, 137, "OOMKilled")
 
-    def evict(self, job: str, ns: str, index: int) -> None:
-        """The kubelet evicts the pod for node pressure."""
+    def evict(self, job: str, ns: str, index: int, resource: str = "memory", using: str | None = None) -> None:
+        """The kubelet evicts the pod for node pressure on `resource`; `using`: what the trainer container used,
+        beyond its request, which the kubelet then names (kubernetes pkg/kubelet/eviction/helpers.go,
+        evictionMessage: "Container %s was using %s, request is %s, has larger consumption of %v.")."""
         with self.lock:
             pod = self.pod(job, ns, index)
             node = pod["spec"]["nodeName"]
-            message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."
+            message = f"The node was low on resource: {resource}. Threshold quantity: 100Mi, available: 50Mi. "
+            if using is not None:
+                requested = ((pod["spec"]["containers"][0].get("resources") or {}).get("requests") or {}).get(resource)
+                message += (
+                    f"Container trainer was using {using}, request is {requested or '0'}, has larger consumption of "
+                    f"{resource}. "
+                )
             self.event(pod, "Evicted", message, "Warning", host=node)
             ts = self.ts()
             pod["status"]["conditions"].append(
@@ -137,7 +155,9 @@ class Cluster(Scheduler):
 
     def api_evict(self, ns: str, name: str) -> None:
         """The Eviction API (kubectl drain, Karpenter, a spot interruption handler): the pod is marked a
-        disruption target and deleted gracefully; its kubelet stops it (SIGTERM: exit 143) and it fails."""
+        disruption target and deleted gracefully; its kubelet stops it (SIGTERM: exit 143) and it fails. With
+        `hold_termination` its container runs on through the pod's grace period (terminationGracePeriodSeconds),
+        until the test ends it or the grace runs out (SIGKILL: 137)."""
         with self.lock:
             pod = self.objects[("pods", ns, name)]
             ts = self.ts()
@@ -154,6 +174,9 @@ class Cluster(Scheduler):
             pod["metadata"]["deletionTimestamp"] = ts
             pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
             self.event(pod, "Killing", "Stopping container trainer", host=pod["spec"].get("nodeName"))
+            pod["metadata"]["resourceVersion"] = str(next(self.rv))
+            if pod["status"]["phase"] == "Running" and self.hold_termination:
+                return  # the container runs on within its grace period (exit, or advance past it: SIGKILL)
             if pod["status"]["phase"] == "Running":
                 started = pod["status"].get("startTime") or ts
                 term = {"exitCode": 143, "reason": "Error", "startedAt": started, "finishedAt": ts}
@@ -175,9 +198,14 @@ class Cluster(Scheduler):
                 if p == "pods" and pod["spec"].get("nodeName") == node and pod["status"]["phase"] == "Running":
                     self.api_evict(ns, name)
 
-    def image_pull_error(self, job: str, ns: str, reason: str = "ImagePullBackOff") -> None:
+    def image_pull_error(
+        self, job: str, ns: str, reason: str = "ImagePullBackOff", indexes: list[int] | None = None
+    ) -> None:
+        """The bound pods' image cannot be pulled (all of them, or those of `indexes`)."""
         with self.lock:
             for pod in self.pods(job, ns):
+                if indexes is not None and int(pod["metadata"]["labels"][INDEX_LABEL]) not in indexes:
+                    continue
                 image = pod["spec"]["containers"][0]["image"]
                 message = f'Back-off pulling image "{image}": not found'
                 node = pod["spec"].get("nodeName")
@@ -258,6 +286,7 @@ class Cluster(Scheduler):
                         c for c in pod["status"].get("conditions") or [] if c["type"] != "Ready"
                     ]
                     pod["status"]["conditions"].append({"type": "Ready", "status": "False", "lastTransitionTime": ts})
+                    pod["metadata"]["resourceVersion"] = str(next(self.rv))
                     self.event(pod, "NodeNotReady", "Node is not ready", "Warning", component="node-controller")
             self._tick()
 
@@ -347,13 +376,22 @@ class Cluster(Scheduler):
 
 
 def _toleration_seconds(pod: dict[str, Any], taint: dict[str, Any]) -> float | None:
-    """How long the pod tolerates the NoExecute taint: None for ever, 0 not at all."""
-    for t in pod["spec"].get("tolerations") or []:
-        if t.get("effect") not in (None, "NoExecute"):
-            continue
-        if (t.get("operator") == "Exists" and t.get("key") in (None, taint["key"])) or t.get("key") == taint["key"]:
-            return t.get("tolerationSeconds")
-    return DEFAULT_TOLERATION_S if taint["key"] in NOT_READY_TAINTS.values() else 0
+    """How long the pod tolerates the NoExecute taint, as the taint manager reads its tolerations: of those that
+    match, the least tolerationSeconds, None (for ever) when none gives any; 0 (not at all) when none matches.
+    A pod without its own toleration of not-ready or unreachable has the admission plugin's 300 s."""
+    matching = [
+        t
+        for t in pod["spec"].get("tolerations") or []
+        if t.get("effect") in (None, "", "NoExecute")
+        and (
+            (t.get("operator") == "Exists" and t.get("key") in (None, "", taint["key"]))
+            or (t.get("key") == taint["key"] and (t.get("value") or "") == (taint.get("value") or ""))
+        )
+    ]
+    if not matching:
+        return DEFAULT_TOLERATION_S if taint["key"] in NOT_READY_TAINTS.values() else 0
+    seconds = [float(t["tolerationSeconds"]) for t in matching if t.get("tolerationSeconds") is not None]
+    return max(0.0, min(seconds)) if seconds else None
 
 
 def _container(name: str, pod: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The fake's Job controller: pods per completion index, and the Job's end as its failure policy decides it.
+"""The fake's Job controller: pods per completion index, and the Job's end as its policies decide it.
 
 Pods are named `<job>-<index>-<random>`, labelled and annotated with their completion index, owned by
 the Job. A suspended Job has no pods (suspending one removes its active pods, resuming creates them).
@@ -8,16 +8,29 @@ FailJob, FailIndex (needs `backoffLimitPerIndex`), Ignore (the pod is replaced, 
 Count; a failure no rule matches counts. Counted failures fail the Job past `backoffLimit`, or, with
 `backoffLimitPerIndex`, fail the index past it; more failed indexes than `maxFailedIndexes` fail the Job
 at once, and a Job whose indexes all ended with some failed fails with FailedIndexes. A pod deleted
-while active counts as a failure. All indexes succeeded completes the Job.
+while active counts as a failure. All indexes succeeded completes the Job, and so does a met
+`successPolicy` rule (`succeededIndexes` and/or `succeededCount`) unless a failure policy ended it first.
+
+How a Job ends, as 1.31+ controllers do it (https://kubernetes.io/docs/concepts/workloads/controllers/job/
+#terminal-job-conditions, #success-policy): the controller first adds the interim condition (FailureTarget, or
+SuccessCriteriaMet), judges no further pod failure, and terminates the active pods gracefully (a deletion with
+the pod's `terminationGracePeriodSeconds`: the kubelet sends SIGTERM, SIGKILL once the grace is over); only
+when no pod is left running does it add the terminal condition (Failed or Complete) with the same reason.
+By default a kubelet's containers honour SIGTERM at once (exit 143); with `hold_termination`, they run on
+until the test ends them (`exit`) or the grace period passes (`advance`: exit 137); on a node that is
+unreachable they never confirm, and the Job keeps its interim condition. A terminated pod the controller
+deleted is then removed.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from tests.fake_kubernetes.store import Store, suffix
+from tests.fake_kubernetes.store import suffix
+from tests.fake_kubernetes.volumes import Volumes
 
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
@@ -47,12 +60,24 @@ def _terminated(pod: dict[str, Any]) -> list[tuple[str, int]]:
     return out
 
 
-class JobController(Store):
+def _true(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in job["status"].get("conditions") or []:
+        if cond["type"] == kind and cond["status"] == "True":
+            return dict(cond)
+    return None
+
+
+class JobController(Volumes):
     """The store, with the Job controller reacting to Jobs created, suspended or resumed, and pods deleted."""
 
     def __init__(self) -> None:
         super().__init__()
         self._jobs: dict[str, _JobState] = {}
+        self.hold_termination = False  # True: terminated containers run on until the test ends them
+
+    def node_reachable(self, node: str | None) -> bool:
+        """Whether the node's kubelet can stop containers and confirm it (the cluster says otherwise)."""
+        return True
 
     def _created(self, plural: str, obj: dict[str, Any]) -> None:
         super()._created(plural, obj)
@@ -187,32 +212,115 @@ class JobController(Store):
                         )
         return "Count", ""
 
-    def _fail_job(self, job: dict[str, Any], reason: str, message: str) -> None:
+    def _end_job(self, job: dict[str, Any], interim: str, reason: str, message: str) -> None:
+        """The interim condition (FailureTarget or SuccessCriteriaMet) now, the active pods terminated, the terminal
+        condition once none is left running (`_finish`)."""
         ts = self.ts()
         status = job["status"]
-        kept = [c for c in status.get("conditions") or [] if c["type"] == "Suspended"]
-        status["conditions"] = kept + [
+        status["conditions"] = [c for c in status.get("conditions") or [] if c["type"] == "Suspended"] + [
             {
-                "type": t,
+                "type": interim,
                 "status": "True",
                 "reason": reason,
                 "message": message,
                 "lastTransitionTime": ts,
                 "lastProbeTime": ts,
             }
-            for t in ("FailureTarget", "Failed")
         ]
-        self.event(job, reason, message, "Warning")
-        for pod in self._pods_of(job):  # the controller removes what is still active
+        self.event(job, reason, message, "Warning" if interim == "FailureTarget" else "Normal")
+        for pod in self._pods_of(job):
             if pod["status"]["phase"] in ("Pending", "Running") and not pod["metadata"].get("deletionTimestamp"):
-                self.event(pod, "Killing", "Stopping container trainer", host=pod["spec"].get("nodeName"))
-                self.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], by_user=False)
-        status["active"] = 0
+                self._terminate(pod)
+        self._finish(job)
+
+    def _fail_job(self, job: dict[str, Any], reason: str, message: str) -> None:
+        self._end_job(job, "FailureTarget", reason, message)
+
+    def _terminate(self, pod: dict[str, Any]) -> None:
+        """A graceful deletion: a pod that never started goes at once, a running one gets SIGTERM."""
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        node = pod["spec"].get("nodeName")
+        if pod["status"]["phase"] != "Running":
+            self.delete("pods", ns, name, by_user=False)
+            return
+        self.event(pod, "Killing", "Stopping container trainer", host=node)
+        pod["metadata"]["deletionTimestamp"] = self.ts()
+        pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        pod["metadata"]["resourceVersion"] = str(next(self.rv))
+        if not self.hold_termination and self.node_reachable(node):
+            self._stop_container(pod, 143)
+
+    def _stop_container(self, pod: dict[str, Any], code: int) -> None:
+        """The kubelet ends the trainer container (143: it honoured SIGTERM; 137: SIGKILL after the grace)."""
+        started = pod["status"].get("startTime") or self.ts()
+        term = {"exitCode": code, "reason": "Error", "startedAt": started, "finishedAt": self.ts()}
+        pod["status"].update(
+            phase="Failed",
+            containerStatuses=[
+                {**cs, "ready": False, "started": False, "state": {"terminated": term}}
+                for cs in pod["status"].get("containerStatuses") or [{"name": "trainer"}]
+            ],
+        )
+        pod["metadata"]["resourceVersion"] = str(next(self.rv))
+
+    def _finish(self, job: dict[str, Any]) -> None:
+        """The terminal condition, once the interim one is there and no pod of the Job is left running; the
+        terminated pods the controller deleted are removed."""
+        interim = _true(job, "FailureTarget") or _true(job, "SuccessCriteriaMet")
+        if interim is None or _true(job, "Failed") or _true(job, "Complete"):
+            return
+        pods = self._pods_of(job)
+        if any(p["status"]["phase"] in ("Pending", "Running") for p in pods):
+            return
+        for pod in pods:
+            if pod["metadata"].get("deletionTimestamp") and ("pods", *self._key(pod)) in self.objects:
+                self.delete("pods", *self._key(pod), by_user=False)
+        ts = self.ts()
+        terminal = "Failed" if interim["type"] == "FailureTarget" else "Complete"
+        job["status"]["conditions"].append(
+            {
+                "type": terminal,
+                "status": "True",
+                "reason": interim["reason"],
+                "message": interim["message"],
+                "lastTransitionTime": ts,
+                "lastProbeTime": ts,
+            }
+        )
+        if terminal == "Complete":
+            job["status"]["completionTime"] = ts
+            self.event(job, "Completed", "Job completed")
+        job["status"]["active"] = 0
+        job["metadata"]["resourceVersion"] = str(next(self.rv))
+
+    @staticmethod
+    def _key(pod: dict[str, Any]) -> tuple[str, str]:
+        return pod["metadata"]["namespace"], pod["metadata"]["name"]
+
+    def _tick(self) -> None:
+        """The kubelets SIGKILL the containers whose grace period ran out."""
+        super()._tick()
+        now = self.now()
+        for (p, _, _), pod in list(self.objects.items()):
+            meta = pod["metadata"]
+            if p != "pods" or pod["status"].get("phase") != "Running" or not meta.get("deletionTimestamp"):
+                continue
+            since = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00"))
+            grace = meta.get("deletionGracePeriodSeconds") or 0
+            if now >= since + timedelta(seconds=grace) and self.node_reachable(pod["spec"].get("nodeName")):
+                self._stop_container(pod, 137)
+                for ref in meta.get("ownerReferences") or []:
+                    job = self.objects.get(("jobs", meta["namespace"], ref["name"]))
+                    if job is not None:
+                        self._sync(job)
 
     def _sync(self, job: dict[str, Any]) -> None:
         """Judge new pod failures, replace what the policy retries, and end the Job when it is over."""
         status = job["status"]
         if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in status.get("conditions") or []):
+            return
+        if _true(job, "FailureTarget") or _true(job, "SuccessCriteriaMet"):  # ending: nothing more is judged
+            self._finish(job)
             return
         state = self._jobs.setdefault(job["metadata"]["uid"], _JobState())
         spec = job["spec"]
@@ -261,25 +369,23 @@ class JobController(Store):
         )
         if state.failed_indexes:
             status["failedIndexes"] = ",".join(str(i) for i in sorted(state.failed_indexes))
-        if any(c["type"] == "Failed" for c in status.get("conditions") or []):
+        if any(c["type"] in ("FailureTarget", "SuccessCriteriaMet") for c in status.get("conditions") or []):
             return
         max_failed = spec.get("maxFailedIndexes")
         completions = spec.get("completions") or 1
+        if state.succeeded:
+            status["completedIndexes"] = _ranges(sorted(state.succeeded))
+        rule = _success_rule(spec, state.succeeded)
         if max_failed is not None and len(state.failed_indexes) > max_failed:
             self._fail_job(
                 job, "MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes"
             )
+        elif rule is not None:
+            self._end_job(job, "SuccessCriteriaMet", "SuccessPolicy", f"Matched rules at index {rule}")
         elif len(state.succeeded | state.failed_indexes) >= completions and state.failed_indexes:
             self._fail_job(job, "FailedIndexes", "Job has failed indexes")
         elif len(state.succeeded) >= completions:
-            ts = self.ts()
-            status["conditions"] = [c for c in status.get("conditions") or [] if c["type"] == "Suspended"] + [
-                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": ts},
-                {"type": "Complete", "status": "True", "lastTransitionTime": ts},
-            ]
-            status["completionTime"] = ts
-            status["completedIndexes"] = f"0-{completions - 1}" if completions > 1 else "0"
-            self.event(job, "Completed", "Job completed")
+            self._end_job(job, "SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods")
 
     def _pod_deleted(self, pod: dict[str, Any]) -> None:
         if pod.get("status", {}).get("phase") not in ("Pending", "Running"):
@@ -309,3 +415,34 @@ class JobController(Store):
     def pod(self, job: str, ns: str, index: int) -> dict[str, Any]:
         """The newest pod of a completion index."""
         return [p for p in self.pods(job, ns) if _index(p) == index][-1]
+
+
+def _indexes(text: str) -> set[int]:
+    """`succeededIndexes`' syntax: "0,2-3"."""
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def _ranges(indexes: list[int]) -> str:
+    parts, start = [], None
+    for i, index in enumerate(indexes):
+        if start is None:
+            start = index
+        if i + 1 == len(indexes) or indexes[i + 1] != index + 1:
+            parts.append(f"{start}-{index}" if index != start else str(index))
+            start = None
+    return ",".join(parts)
+
+
+def _success_rule(spec: dict[str, Any], succeeded: set[int]) -> int | None:
+    """The first `successPolicy` rule the succeeded indexes meet: with `succeededIndexes`, those of them that
+    succeeded (all of them, or `succeededCount` of them); without, `succeededCount` indexes."""
+    for i, rule in enumerate((spec.get("successPolicy") or {}).get("rules") or []):
+        among = succeeded & _indexes(rule["succeededIndexes"]) if "succeededIndexes" in rule else succeeded
+        needed = rule.get("succeededCount") or len(_indexes(rule.get("succeededIndexes", "")))
+        if needed and len(among) >= needed:
+            return i
+    return None

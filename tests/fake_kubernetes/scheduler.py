@@ -3,7 +3,14 @@ filters decide it, in its order (unschedulable, taints, node selector and affini
 node fits stays Pending with the scheduler's own words:
 
     0/4 nodes are available: 1 node(s) had untolerated taint {nvidia.com/gpu: true}, 3 Insufficient
-    nvidia.com/gpu. preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling.
+    nvidia.com/gpu. preemption: 0/4 nodes are available: 1 Preemption is not helpful for scheduling, 3 No
+    preemption victims found for incoming pod.
+
+Its preemption part says, per node, whether evicting lower-priority pods could ever help: a node refused by a
+filter that is UnschedulableAndUnresolvable (unschedulable, an untolerated taint, the node selector or
+affinity) is "not helpful"; one short of a resource is "no victims" (preemption was tried) as kube-scheduler
+up to 1.33 says, even where the request exceeds the node's whole allocatable. From 1.34
+(kubernetes/kubernetes#131345) such a node is "not helpful" too: `capacity_unresolvable` plays that scheduler.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ GPU_NODE_ALLOCATABLE = {
     "nvidia.com/gpu": "8",
     "vpc.amazonaws.com/efa": "32",
 }
+NO_VICTIMS = "No preemption victims found for incoming pod"
 # conditions the EKS node monitoring agent keeps on a node, healthy
 EKS_CONDITIONS = ("AcceleratedHardwareReady", "ContainerRuntimeReady", "KernelReady", "NetworkingReady", "StorageReady")
 _UNITS = {
@@ -50,16 +58,16 @@ def quantity(text: str | int | float) -> float:
 
 def pod_requests(pod: dict[str, Any]) -> dict[str, float]:
     """What a pod asks of a node: its containers' requests summed (the largest init container's, if more)."""
-    total: Counter[str] = Counter()
+    total: dict[str, float] = {}
     spec = pod.get("spec", {})
     for c in spec.get("containers") or []:
         for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
-            total[k] += quantity(v)
+            total[k] = total.get(k, 0.0) + quantity(v)
     for c in spec.get("initContainers") or []:
         for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
-            total[k] = max(total[k], quantity(v))
-    total["pods"] += 1
-    return dict(total)
+            total[k] = max(total.get(k, 0.0), quantity(v))
+    total["pods"] = total.get("pods", 0.0) + 1
+    return total
 
 
 def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
@@ -118,6 +126,8 @@ def _taint_text(taint: dict[str, Any]) -> str:
 
 class Scheduler(JobController):
     """Nodes, and binding pods to them."""
+
+    capacity_unresolvable = False  # kube-scheduler 1.34+: a request beyond a node's allocatable is unresolvable
 
     def add_node(
         self,
@@ -195,30 +205,30 @@ class Scheduler(JobController):
                 used.setdefault(node, Counter()).update(pod_requests(pod))
         return used
 
-    def _why_not(self, pod: dict[str, Any], node: dict[str, Any], used: Counter[str]) -> list[str]:
-        """Why the pod does not fit the node, as the first filter that refuses it says (none: it fits)."""
+    def _why_not(self, pod: dict[str, Any], node: dict[str, Any], used: Counter[str]) -> tuple[list[str], bool]:
+        """Why the pod does not fit the node, as the first filter that refuses it says (none: it fits), and whether
+        that is unresolvable (preemption could never make room)."""
         if node["spec"].get("unschedulable"):
-            return ["node(s) were unschedulable"]
+            return ["node(s) were unschedulable"], True
         for taint in node["spec"].get("taints") or []:
             if taint["effect"] in ("NoSchedule", "NoExecute") and not tolerates(pod["spec"].get("tolerations"), taint):
-                return [f"node(s) had untolerated taint {_taint_text(taint)}"]
+                return [f"node(s) had untolerated taint {_taint_text(taint)}"], True
         if not affinity_allows(pod, node):
-            return ["node(s) didn't match Pod's node affinity/selector"]
+            return ["node(s) didn't match Pod's node affinity/selector"], True
         alloc = {k: quantity(v) for k, v in node["status"]["allocatable"].items()}
-        short = [
-            f"Insufficient {res}"
-            for res, want in sorted(pod_requests(pod).items())
-            if want > 0 and used.get(res, 0) + want > alloc.get(res, 0)
-        ]
-        return [s.replace("Insufficient pods", "Too many pods") for s in short]
+        wants = pod_requests(pod)
+        short = [res for res, want in sorted(wants.items()) if want > 0 and used.get(res, 0) + want > alloc.get(res, 0)]
+        never = self.capacity_unresolvable and any(wants[res] > alloc.get(res, 0) for res in short)
+        return [f"Insufficient {res}".replace("Insufficient pods", "Too many pods") for res in short], never
 
     def schedule_pod(self, pod: dict[str, Any]) -> str | None:
         """Bind one pending pod to the first node that fits it, or leave it Pending with the scheduler's words."""
         used = self._used()
         reasons: Counter[str] = Counter()
+        preemption: Counter[str] = Counter()
         nodes = [self.node(n) for n in self.nodes]
         for node in nodes:
-            why = self._why_not(pod, node, used.get(node["metadata"]["name"], Counter()))
+            why, never = self._why_not(pod, node, used.get(node["metadata"]["name"], Counter()))
             if not why:
                 name = node["metadata"]["name"]
                 pod["spec"]["nodeName"] = name
@@ -229,14 +239,13 @@ class Scheduler(JobController):
                 self.event(
                     pod, "Scheduled", f"Successfully assigned {ns_name} to {name}", component="default-scheduler"
                 )
-                return name
+                return str(name)
             reasons.update(why)
+            preemption["Preemption is not helpful for scheduling" if never else NO_VICTIMS] += 1
         total = len(nodes)
         counts = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
-        message = (
-            f"0/{total} nodes are available: {counts}. preemption: 0/{total} nodes are available: "
-            f"{total} Preemption is not helpful for scheduling."
-        )
+        helps = ", ".join(f"{n} {why}" for why, n in sorted(preemption.items()))
+        message = f"0/{total} nodes are available: {counts}. preemption: 0/{total} nodes are available: {helps}."
         pod["status"]["conditions"] = [
             {
                 "type": "PodScheduled",
@@ -247,6 +256,7 @@ class Scheduler(JobController):
                 "lastTransitionTime": self.ts(),
             }
         ]
+        pod["metadata"]["resourceVersion"] = str(next(self.rv))
         self.event(pod, "FailedScheduling", message, "Warning", component="default-scheduler")
         return None
 

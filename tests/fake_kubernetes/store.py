@@ -8,6 +8,11 @@ immutable fields, and a stale resourceVersion on an update is 409 Conflict.
 Time is the store's clock: real time plus `offset` seconds (`advance` moves it), so tests can let a
 node stay NotReady past a toleration without waiting. Subclasses react to what happens here through two
 hooks, `_created` and `_deleted` (the Job controller does).
+
+What a watch needs is kept too: every change of an object gives it a new resourceVersion from one counter,
+a deleted object's last state is kept (a tombstone, at the resourceVersion of its deletion) until `compact`
+drops it, as etcd's compaction does; a watch from a resourceVersion older than the last compaction is
+answered 410 Gone (server.py).
 """
 
 from __future__ import annotations
@@ -34,8 +39,11 @@ KINDS = {
     "nodes": ("Node", "v1"),
     "jobs": ("Job", "batch/v1"),
     "workloads": ("Workload", "kueue.x-k8s.io/v1beta1"),
+    "localqueues": ("LocalQueue", "kueue.x-k8s.io/v1beta1"),
+    "clusterqueues": ("ClusterQueue", "kueue.x-k8s.io/v1beta1"),
+    "resourceflavors": ("ResourceFlavor", "kueue.x-k8s.io/v1beta1"),
 }
-CLUSTER_SCOPED = frozenset({"nodes"})
+CLUSTER_SCOPED = frozenset({"nodes", "clusterqueues", "resourceflavors"})
 
 
 def iso(ts: datetime) -> str:
@@ -121,14 +129,42 @@ def suffix() -> str:
     return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
 
 
+class _Counter:
+    """resourceVersions: one counter for every change, whose newest value can be read without taking one."""
+
+    def __init__(self, start: int) -> None:
+        self._next = itertools.count(start)
+        self.last = start - 1
+
+    def __iter__(self) -> _Counter:
+        return self
+
+    def __next__(self) -> int:
+        self.last = next(self._next)
+        return self.last
+
+
 class Store:
     """The objects of the fake cluster, with the API's create/replace/patch/delete semantics."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.lock = threading.RLock()
-        self.rv = itertools.count(1000)
+        self.rv = _Counter(1000)
         self.offset = 0.0  # seconds the fake clock is ahead of real time
+        self.created_rv: dict[str, int] = {}  # uid -> the resourceVersion it was created at
+        self.tombstones: list[tuple[int, str, str, dict[str, Any]]] = []  # (rv, plural, namespace, last state)
+        self.compacted = 0  # resourceVersions before this one can no longer be watched from
+
+    def current_rv(self) -> int:
+        """The newest resourceVersion given so far."""
+        return self.rv.last
+
+    def compact(self) -> None:
+        """etcd's compaction: what happened before now can no longer be watched from (410 Gone)."""
+        with self.lock:
+            self.compacted = next(self.rv)
+            self.tombstones = [t for t in self.tombstones if t[0] >= self.compacted]
 
     # --- the clock
 
@@ -195,6 +231,7 @@ class Store:
         else:
             meta["namespace"] = ns
         meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self.rv)), creationTimestamp=self.ts())
+        self.created_rv[meta["uid"]] = int(meta["resourceVersion"])
         if plural == "secrets" and "stringData" in obj:
             data = obj.setdefault("data", {})
             for key, value in obj.pop("stringData").items():
@@ -289,6 +326,9 @@ class Store:
             if obj is None:
                 raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
             uid = obj["metadata"]["uid"]
+            gone = copy.deepcopy(obj)
+            gone["metadata"]["resourceVersion"] = str(next(self.rv))
+            self.tombstones.append((int(gone["metadata"]["resourceVersion"]), plural, ns, gone))
             if policy != "Orphan":
                 for (p, n, nm), dep in list(self.objects.items()):
                     owners = dep["metadata"].get("ownerReferences") or []

@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ftplane.devserver import ROOT, free_port
+from ftplane.devserver import ROOT
+from tests.support.ports import free_port
 from tests.support.processes import CeleryWorker, kill_group
 from tests.support.waiting import wait_for
 

@@ -269,17 +269,16 @@ def test_api_killed_mid_batch_loses_no_acknowledged_event(
     """Clients post event batches while the API is killed -9 and restarted on the same port; a batch
     that got a 200 is stored, exactly once; the others are sent again after the restart."""
     configure_env(monkeypatch, tmp_path / "state", postgres_url)
+    from api import models
     from api.core.db import session_scope
     from api.database.tables import Event
     from api.main import create_app
-    from api.models import jobs as job_store
-    from api.models import tokens
     from api.schemas.spec import JobSpec
 
     create_app()  # migrates
     with session_scope() as session:
-        job = job_store.create(session, JobSpec(name="batches", command=["true"]))
-        _, token = tokens.create_trainer(session, job.id)
+        job = models.jobs.create(session, JobSpec(name="batches", command=["true"]))
+        _, token = models.tokens.create_trainer(session, job.id)
         job_id = job.id
     api = ApiProcess(tmp_path / "api", {"FTPLANE_DATABASE_URL": postgres_url, "FTPLANE_DATA_DIR": str(tmp_path / "s")})
     api.start()

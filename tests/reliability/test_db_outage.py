@@ -19,10 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 
+from ftplane.trainer.agent.uplink import Uplink
 from tests.conftest import configure_env, tiny_spec
 from tests.reliability.conftest import TcpProxy
+from tests.support.inprocess_transport import InProcessTransport
 from tests.support.waiting import wait_for
-from trainer.agent.uplink import Uplink
 
 pytestmark = pytest.mark.postgres
 
@@ -138,7 +139,7 @@ def test_reports_sent_during_the_outage_arrive_once_after_it(
     """The node agent's uplink gets 503s with Retry-After while the database is away, keeps the
     events, and delivers each once when it is back."""
     proxy, admin, job = through_proxy
-    transport: Any = TestClient(admin.app, raise_server_exceptions=False)._transport
+    transport = InProcessTransport(admin.app, raise_server_exceptions=False)
     reporter = Uplink("http://testserver", job["id"], 0, job["token"], "node-a", transport=transport, backoff_cap_s=1.0)
     keys = [reporter.event("checkpoint_saved", rank=0, step=step) for step in range(5)]
     assert reporter.flush(10)

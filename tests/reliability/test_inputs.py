@@ -7,7 +7,6 @@ nothing. Runs on SQLite and PostgreSQL (which cannot store NUL in text nor NaN i
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,12 +54,10 @@ class Inputs:
         self.tried += 1
         client = self.trainer if as_trainer else self.admin
         before = row_counts()
-        started = time.monotonic()
         if raw is not None:
             response = client.request(method, path, content=raw, headers={"content-type": "application/json"})
         else:
             response = client.request(method, path, json=json_body)
-        took = time.monotonic() - started
         problem = None
         try:
             error = response.json()["error"]
@@ -74,8 +71,6 @@ class Inputs:
             named = [f["field"] for f in error.get("fields") or []]
             if not any(n == field or n.startswith(field + ".") or n.startswith(field + "[") for n in named):
                 problem = f"does not name {field!r} (named {named}): {error['message'][:200]}"
-        if took > 3:
-            problem = f"took {took:.1f} s"
         if row_counts() != before:
             problem = "stored something"
         if problem:
@@ -283,6 +278,8 @@ def test_negative_and_absurd_numbers_are_refused_naming_the_field(inputs: Inputs
         ("limit -1", f"/v1/jobs/{job}/events?limit=-1", "limit"),
         ("cursor -1", f"/v1/jobs/{job}/events?cursor=-1", "cursor"),
         ("since without a zone", f"/v1/jobs/{job}/events?since=2026-01-01T00:00:00", "since"),
+        ("since a number with an exponent", f"/v1/jobs/{job}/events?since=1.192092896e-07", "since"),
+        ("audit since a number", "/v1/audit?since=1700000000", "since"),
     ]:
         inputs.refused(f"query {what}", "GET", path, field=field)
     inputs.check()

@@ -1,9 +1,10 @@
-"""The control plane down for 60 s under a real trainer: training never waits, nothing is lost.
+"""The control plane down for 30 s under a real trainer: training goes on, nothing is lost.
 
-A real `python -m trainer` (standalone, one rank) under its node agent reports to a real API (uvicorn);
-the API is killed and comes back 60 s later on the same port. The trainer's `--metrics-file` records each step's time
-(`step_s`) and how long handing the heartbeat to the SDK took (`enqueue_s`): no step may be blocked by
-the outage, and every event reported meanwhile (the agent buffers it) must be stored afterwards, once.
+A real `python -m ftplane.trainer` (standalone, one rank) under its node agent reports to a real API (uvicorn);
+the API is killed and comes back 30 s later on the same port. The trainer's `--metrics-file` records each step:
+training must go on through the outage at its pace, and every event reported meanwhile (the agent buffers it)
+must be stored afterwards, once and in order. That a step never waits on the agent (no socket call on the
+training thread) is tests/trainer/sdk/test_run.py's; how long a report takes is bench.ingest's.
 """
 
 from __future__ import annotations
@@ -28,30 +29,27 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-OUTAGE_S = 60.0
+OUTAGE_S = 30.0
 STEP_DELAY_S = 0.1
 STEPS = 10_000  # more than run: the trainer is stopped once the outage has been caught up on
 CHECKPOINT_EVERY = 40
-ENQUEUE_BLOCKED_S = 0.05  # handing a heartbeat to the SDK takes microseconds; the network, seconds
-STEP_BLOCKED_S = 0.5  # over the usual step time
 
 
-def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives(
+def test_the_trainer_keeps_training_through_an_outage_and_every_event_arrives(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     database = tmp_path / "ftplane.db"
     configure_env(monkeypatch, tmp_path / "state", f"sqlite:///{database}")
+    from api import models
     from api.core.db import session_scope
     from api.main import create_app
-    from api.models import jobs as job_store
-    from api.models import tokens
     from api.schemas.spec import JobSpec
 
     create_app()  # migrates
     with session_scope() as session:
-        job = job_store.create(session, JobSpec(name="outage", command=["python", "-m", "trainer"]))
-        _, trainer_token = tokens.create_trainer(session, job.id)
-        _, admin_token = tokens.create_admin(session, "tests")
+        job = models.jobs.create(session, JobSpec(name="outage", command=["python", "-m", "ftplane.trainer"]))
+        _, trainer_token = models.tokens.create_trainer(session, job.id)
+        _, admin_token = models.tokens.create_admin(session, "tests")
         job_id = job.id
     api = ApiProcess(
         tmp_path / "api", {"FTPLANE_DATABASE_URL": f"sqlite:///{database}", "FTPLANE_DATA_DIR": str(tmp_path / "s")}
@@ -60,8 +58,8 @@ def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives
 
     metrics = tmp_path / "metrics.jsonl"
     command = [
-        sys.executable, "-m", "trainer.agent", "--",
-        sys.executable, "-m", "trainer", "--model", "tiny", "--steps", str(STEPS),
+        sys.executable, "-m", "ftplane.trainer.agent", "--",
+        sys.executable, "-m", "ftplane.trainer", "--model", "tiny", "--steps", str(STEPS),
         "--step-delay-s", str(STEP_DELAY_S), "--metrics-file", str(metrics), "--log-every", "50",
     ]  # fmt: skip
     env = child_env(
@@ -102,28 +100,27 @@ def test_the_trainer_keeps_training_through_a_60s_outage_and_every_event_arrives
         trainer.wait(30)
         api.kill(signal.SIGTERM)
 
-    # Training went on at its usual pace while the control plane was away: no step was blocked.
+    # Training went on while the control plane was away, at the pace it had before (half of it at the least: the
+    # machine's load may move between the two windows; a trainer waiting on the control plane would do ~none).
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     before = [r for r in rows if r["t"] < down]
     during = [r for r in rows if down < r["t"] < up]
     usual = statistics.median(r["step_s"] for r in before[5:])
-    blocked = [r for r in during if r["enqueue_s"] > ENQUEUE_BLOCKED_S or r["step_s"] > usual + STEP_BLOCKED_S]
-    assert len(during) > 0.8 * OUTAGE_S / (usual + 0.01), f"only {len(during)} steps ran during the outage"
-    assert blocked == [], f"{len(blocked)} steps blocked by the outage: {blocked[:3]}"
-    assert statistics.median(r["step_s"] for r in during) < usual * 1.5
+    assert len(during) >= 0.5 * OUTAGE_S / usual, f"only {len(during)} steps ran during the outage"
 
-    # Every event arrived, once; those of the outage were stored after it.
+    # Every event arrived, once, in the order it was made; those of the outage were stored after it.
     saved = [e for e in events if e["type"] == "checkpoint_saved"]
     assert sorted(e["step"] for e in saved) == list(range(CHECKPOINT_EVERY, checkpoints(events) + 1, CHECKPOINT_EVERY))
     assert len({e["key"] for e in events}) == len(events)
-    assert [e["type"] for e in events].count("running") == 1
+    assert len([e for e in events if e["type"] == "running" and e["details"].get("source") != "agent"]) == 1
+    ranks_own = [e["ts"] for e in events if e["rank"] == 0 and e["details"].get("source") not in ("agent", "launcher")]
+    assert ranks_own == sorted(ranks_own), "the rank's events were stored out of order"
     in_outage = [e for e in saved if down < datetime.fromisoformat(e["ts"]).timestamp() < up]
-    assert len(in_outage) >= OUTAGE_S * 0.6 / (usual * CHECKPOINT_EVERY), "the outage covered too few checkpoints"
+    assert len(in_outage) >= max(2, len(during) // CHECKPOINT_EVERY - 1), "the outage covered too few checkpoints"
     assert trainer_token not in log.read_text()
     print(
-        f"\n{len(during)} steps trained during the {OUTAGE_S:.0f} s outage, {len(blocked)} blocked "
-        f"(max enqueue {max(r['enqueue_s'] for r in during) * 1000:.2f} ms); {len(events)} events stored, "
-        f"{len(in_outage)} of them reported during the outage"
+        f"\n{len(during)} steps trained during the {OUTAGE_S:.0f} s outage ({len(before)} in the {usual:.3f} s steps "
+        f"before it); {len(events)} events stored, {len(in_outage)} of them reported during the outage"
     )
 
 

@@ -11,16 +11,17 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from api.core.config import Settings
 from api.core.ratelimit import RedisTokenBuckets, TokenBuckets, retry_after
+from ftplane.trainer.agent.uplink import Uplink
 from tests.conftest import REDIS_URL, configure_env, require, tiny_spec
-from trainer.agent.uplink import Uplink
+from tests.support.inprocess_transport import InProcessTransport
 
 RANKS = 16_384
 
@@ -111,8 +112,15 @@ def test_idle_buckets_are_forgotten() -> None:
 
 
 @pytest.fixture
-def limited(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> TestClient:
-    """The app on SQLite with tiny limits: 2 requests/s, 3 at once."""
+def limiter_clock() -> FakeClock:
+    """The clock of the `limited` app's buckets: it stands still unless a test moves it, so no request is refused
+    or let through because of how long the requests before it took on a busy machine."""
+    return FakeClock()
+
+
+@pytest.fixture
+def limited(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, limiter_clock: FakeClock) -> Iterator[TestClient]:
+    """The app on SQLite with tiny limits: 2 requests/s, 3 at once, its buckets on `limiter_clock`."""
     configure_env(
         monkeypatch,
         tmp_path / "state",
@@ -120,17 +128,25 @@ def limited(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> TestClient:
         FTPLANE_INGEST_RATE_PER_S="2",
         FTPLANE_INGEST_BURST="3",
     )
+    from api.core import ratelimit
     from api.core.db import session_scope
     from api.main import create_app
     from api.models import tokens
 
+    ratelimit._limiter.cache_clear()  # buckets of this test's own
+    limiter = ratelimit.ingest_limiter()
+    assert isinstance(limiter, TokenBuckets)
+    limiter.clock = limiter_clock
     app = create_app()
     with session_scope() as session:
         _, token = tokens.create_admin(session, "tests")
-    return TestClient(app, headers={"Authorization": f"Bearer {token}"})
+    yield TestClient(app, headers={"Authorization": f"Bearer {token}"})
+    ratelimit._limiter.cache_clear()  # no later test gets buckets on a clock that stands still
 
 
-def test_over_the_limit_is_429_with_retry_after_and_nothing_stored(limited: TestClient) -> None:
+def test_over_the_limit_is_429_with_retry_after_and_nothing_stored(
+    limited: TestClient, limiter_clock: FakeClock
+) -> None:
     job = limited.post("/v1/jobs", json=tiny_spec()).json()
     other = limited.post("/v1/jobs", json=tiny_spec(name="other")).json()
     trainer = TestClient(limited.app, headers={"Authorization": f"Bearer {job['token']}"})
@@ -154,7 +170,7 @@ def test_over_the_limit_is_429_with_retry_after_and_nothing_stored(limited: Test
         assert limited.get(f"/v1/jobs/{job['id']}").status_code == 200
 
     # The bucket refills: one request every half second.
-    time.sleep(float(refused.headers["Retry-After"]))
+    limiter_clock.now += float(refused.headers["Retry-After"])
     assert trainer.post(beats, json={"heartbeats": [{"rank": 0, "step": 5}]}).status_code == 200
 
 
@@ -169,12 +185,26 @@ def test_unauthenticated_requests_do_not_spend_a_tokens_limit(limited: TestClien
 
 
 def test_the_agents_uplink_waits_out_a_429_and_loses_nothing(
-    limited: TestClient, caplog: pytest.LogCaptureFixture
+    limited: TestClient, limiter_clock: FakeClock, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The agent's real uplink against the real API: 12 event batches through a limit of 3 at once, 2/s."""
-    caplog.set_level(logging.WARNING, logger="trainer.agent.uplink")  # whatever level an earlier test left it at
+    """The agent's real uplink against the real API: 12 event batches through a limit of 3 at once, 2/s. The
+    buckets' time passes only while the uplink waits out a refusal (its Retry-After), as if every batch it
+    sends at once arrived at once however busy the machine."""
+    caplog.set_level(logging.WARNING, logger="ftplane.trainer.agent.uplink")  # whatever an earlier test left
+    from api.core import ratelimit
+
+    limiter = ratelimit.ingest_limiter()
+    assert isinstance(limiter, TokenBuckets)
+    take = limiter.take
+
+    def take_then_wait_out_a_refusal(key: str, cost: float = 1.0) -> float:
+        wait = take(key, cost)
+        limiter_clock.now += retry_after(wait) if wait > 0 else 0.0  # the refused uplink waits that long
+        return wait
+
+    monkeypatch.setattr(limiter, "take", take_then_wait_out_a_refusal)
     job = limited.post("/v1/jobs", json=tiny_spec()).json()
-    transport: Any = TestClient(limited.app)._transport  # the app in process, over httpx
+    transport = InProcessTransport(limited.app)  # the app in process, over httpx
     reporter = Uplink("http://testserver", job["id"], 0, job["token"], "node-a", transport=transport, interval_s=0.05)
     keys = []
     for step in range(12):

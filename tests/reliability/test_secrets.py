@@ -85,7 +85,7 @@ def run_traffic(api: ApiProcess, workdir: Path, receiver: Receiver) -> dict[str,
         "/v1/webhooks", json={"url": receiver.url + "/hook", "event_types": ["checkpoint_saved", "succeeded"]}
     ).json()
     command = (
-        'printf %s "${FTPLANE_TOKEN:-}" > "$0"; exec python -m trainer --model tiny --steps 6 '
+        'printf %s "${FTPLANE_TOKEN:-}" > "$0"; exec python -m ftplane.trainer --model tiny --steps 6 '
         "--step-delay-s 0.05 --log-every 1"
     )
     spec = {
@@ -121,7 +121,16 @@ def run_traffic(api: ApiProcess, workdir: Path, receiver: Receiver) -> dict[str,
     # Every GET the API serves, on the resources just made: listings, details, dashboard, metrics.
     openapi = admin.get("/openapi.json").json()
     deliveries = admin.get(f"/v1/webhooks/{hook['id']}/deliveries").json()["items"]
-    ids = {"job_id": job["id"], "webhook_id": hook["id"], "delivery_id": deliveries[0]["id"]}
+    objective = admin.post("/v1/objectives", json={"target": 0.9}).json()
+    nodes = [node["name"] for node in admin.get("/v1/nodes").json()["nodes"]]
+    ids = {
+        "job_id": job["id"],
+        "webhook_id": hook["id"],
+        "delivery_id": deliveries[0]["id"],
+        "project": "default",
+        "objective_id": objective["id"],
+        "name": nodes[0] if nodes else "no-such-node",  # the fleet's ledger may not have read the job yet
+    }
     paths = [p for p, item in openapi["paths"].items() if "get" in item]
     paths += ["/", "/ui/jobs", "/jobs/{job_id}", "/ui/jobs/{job_id}/live", "/metrics", "/docs", "/login"]
     for path in paths:

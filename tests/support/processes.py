@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from ftplane.cli import Part, celery_command
+from ftplane.serve import Part, celery_command
 
 
 def kill_group(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
+from unittest import mock
 
 import pytest
 
 from api.schemas.spec import JobSpec
-from workers.backends.base import AttemptPhase, AttemptStatus, LaunchRequest
+from workers.backends.base import AttemptPhase, AttemptReading, LaunchRequest
 
 
 @dataclass
@@ -16,7 +18,7 @@ class ScriptedBackend:
     """Reports whatever status the test sets per attempt; records launches and cancels."""
 
     name: str = "local"
-    statuses: dict[int, AttemptStatus] = field(default_factory=dict)
+    statuses: dict[int, AttemptReading] = field(default_factory=dict)
     launches: list[LaunchRequest] = field(default_factory=list)
     cancels: list[int] = field(default_factory=list)
     fail_launch: bool = False
@@ -34,8 +36,8 @@ class ScriptedBackend:
             raise error
         self.launches.append(request)
 
-    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
-        return self.statuses.get(attempt, AttemptStatus(AttemptPhase.running))
+    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptReading:
+        return self.statuses.get(attempt, AttemptReading(AttemptPhase.running))
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         self.cancels.append(attempt)
@@ -51,8 +53,9 @@ def use_backend(monkeypatch: pytest.MonkeyPatch, backend: object) -> None:
 
 def supervise(job_id: str | None = None, *, force_launch: bool = False) -> None:
     """With force_launch, what the submit task does for `job_id`; else one pass of every duty, in order."""
+    from api.core import queue
     from api.core.db import session_scope
-    from api.services import liveness_writer
+    from api.services.ingest import liveness_writer
     from workers.supervision import (
         cancel_jobs,
         detect_silent_ranks,
@@ -68,22 +71,34 @@ def supervise(job_id: str | None = None, *, force_launch: bool = False) -> None:
             assert job_id is not None
             launch_attempts.launch(session, job_id)
             return
-        for duty in (
-            launch_attempts,
-            reconcile_attempts,
-            detect_silent_ranks,
-            time_out_pending,
-            cancel_jobs,
-            release_finished_jobs,
-        ):
-            duty.run_once(session)
+        relaunch: list[str] = []  # the submit tasks a job restart sends, run here as a worker would run them
+        send = queue.send
+
+        def submit_here(task: str, *args: Any, countdown: float | None = None) -> bool:
+            if task != queue.SUBMIT_JOB:
+                return send(task, *args, countdown=countdown)
+            relaunch.append(args[0])
+            return True
+
+        with mock.patch.object(queue, "send", submit_here):
+            for duty in (
+                launch_attempts,
+                reconcile_attempts,
+                detect_silent_ranks,
+                time_out_pending,
+                cancel_jobs,
+                release_finished_jobs,
+            ):
+                duty.run_once(session)
+        for restarted in relaunch:
+            launch_attempts.launch(session, restarted)
 
 
 def last_seen(job_id: str, silent_s: dict[int, float], now: datetime) -> None:
     """Date each rank's last heartbeat `silent_s[rank]` seconds before `now`."""
     from api.core.db import session_scope
     from api.database.tables import RankLiveness
-    from api.services import liveness_writer
+    from api.services.ingest import liveness_writer
 
     liveness_writer.flush()
     with session_scope() as session:

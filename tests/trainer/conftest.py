@@ -1,5 +1,5 @@
 """Fixtures for the trainer: a stand-in control plane over real HTTP, and real jobs: the node agent
-(`python -m trainer.agent -- <ft_launcher command>`) starting real ft_launcher and the trainer.
+(`python -m ftplane.trainer.agent -- <ft_launcher command>`) starting real ft_launcher and the trainer.
 
 `Receiver` is a threaded HTTP server that speaks the node's half of the contract: the node
 agent's batched `POST /v1/jobs/{id}/reports` (the node's liveness, the ranks' heartbeats and
@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,16 +28,12 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+
 BIN = Path(sys.executable).parent
 FT_LAUNCHER = shutil.which("ft_launcher", path=str(BIN)) or "ft_launcher"
 TOKEN = "test-token-7f3a9c"  # what the receiver expects; tests check it never shows up in logs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -75,6 +70,8 @@ class Receiver:
 
             def _answer(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(body).encode()
+                with receiver.lock:  # recorded before the reply leaves: a client that has its answer finds it here
+                    receiver.requests.append((self.path, status))
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -82,8 +79,6 @@ class Receiver:
                     self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(data)
-                with receiver.lock:
-                    receiver.requests.append((self.path, status))
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 length = int(self.headers.get("Content-Length", "0"))
@@ -235,7 +230,7 @@ def trainer_env(
 
 def under_agent(command: list[str]) -> list[str]:
     """`command` started and supervised by a node agent, as every backend runs a node."""
-    return [sys.executable, "-m", "trainer.agent", "--", *command]
+    return [sys.executable, "-m", "ftplane.trainer.agent", "--", *command]
 
 
 def launcher_command(
@@ -264,7 +259,7 @@ def launcher_command(
         "--tee=3",  # the node agent reads each rank's lines and the launcher's own from its output
         "--workers-stop-timeout=5",
         "--no-python",  # the trainer command is a full command line, as the backends run it
-        *(program or [sys.executable, "-m", "trainer"]),
+        *(program or [sys.executable, "-m", "ftplane.trainer"]),
         *trainer_args,
     ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from tests.trainer.conftest import free_port
-from trainer.checkpoint import (
+from ftplane.trainer.checkpoint import (
     COMPLETE_MARKER,
     Checkpointer,
     latest_complete,
@@ -24,8 +24,9 @@ from trainer.checkpoint import (
     rotate,
     step_dir,
 )
-from trainer.config import MODEL_PRESETS
-from trainer.model import Transformer, synthetic_batch
+from ftplane.trainer.config import MODEL_PRESETS
+from ftplane.trainer.model import Transformer, synthetic_batch
+from tests.trainer.conftest import free_port
 
 
 def fake_checkpoint(root: Path, step: int, *, marker: bool = True, metadata: bool = True) -> Path:
@@ -168,14 +169,14 @@ def test_engine_none_reads_and_writes_nothing(tmp_path: Path) -> None:
 def test_old_checkpoints_are_deleted_off_the_training_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    import trainer.checkpoint as checkpoint_module
+    import ftplane.trainer.checkpoint as checkpoint_module
 
     deleting_threads: list[str] = []
     real_rotate = checkpoint_module.rotate
 
-    def recording_rotate(root: Path, keep: int) -> list[Path]:
+    def recording_rotate(root: Path, keep: int, owner: str | None = None) -> list[Path]:
         deleting_threads.append(threading.current_thread().name)
-        return real_rotate(root, keep)
+        return real_rotate(root, keep, owner)
 
     monkeypatch.setattr(checkpoint_module, "rotate", recording_rotate)
     events = Events()
@@ -194,7 +195,7 @@ def test_old_checkpoints_are_deleted_off_the_training_thread(tmp_path: Path, mon
 
 
 def test_the_tensors_of_a_nested_state_with_dtensors_as_their_local_shard() -> None:
-    from trainer.checkpoint import local_tensors
+    from ftplane.trainer.checkpoint import local_tensors
 
     state = {
         "model": {"w": torch.zeros(4, 8), "b": torch.zeros(3, dtype=torch.float16)},
@@ -212,7 +213,7 @@ def test_the_tensors_of_a_nested_state_with_dtensors_as_their_local_shard() -> N
 def test_the_tensors_of_a_sharded_model_and_optimizer(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from trainer.checkpoint import local_tensors
+    from ftplane.trainer.checkpoint import local_tensors
 
     model, optimizer = build()
     train_steps(model, optimizer, range(1))
@@ -223,3 +224,94 @@ def test_the_tensors_of_a_sharded_model_and_optimizer(tmp_path: Path) -> None:
     params = sum(p.to_local().nbytes for p in model.parameters())  # type: ignore[operator]
     # params, exp_avg and exp_avg_sq; AdamW's 4-byte `step` per parameter
     assert sum(sizes) == 3 * params + 4 * len(list(model.parameters()))
+
+
+def checkpointer(root: Path, events: Events, job_id: str | None, **kw: Any) -> Checkpointer:
+    return Checkpointer(
+        root,
+        engine="sync",
+        interval=2,
+        keep=1,
+        rank=0,
+        reporter=events,  # type: ignore[arg-type]
+        device=torch.device("cpu"),
+        job_id=job_id,
+        environ={},
+        **kw,
+    )
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_jobs_given_one_directory_neither_resume_from_nor_delete_each_others_checkpoints(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finding 1: a job resumed from another job's newest checkpoint and deleted the other's in-progress and old
+    ones. Each checkpoint names its job; a Checkpointer loads and deletes its own job's only."""
+    model, optimizer = build()
+    first = checkpointer(tmp_path, Events(), "job-a")
+    for step in (2, 4):
+        first.save(step, model, optimizer)
+    first.close()
+    in_progress = fake_checkpoint(tmp_path, 6, marker=False)
+    (in_progress / "ftplane-owner.json").write_text(json.dumps({"job_id": "job-a", "step": 6}))
+
+    torn = fake_checkpoint(tmp_path, 10, marker=False)  # job-b's own save, torn by a crash
+    (torn / "ftplane-owner.json").write_text(json.dumps({"job_id": "job-b", "step": 10}))
+
+    events = Events()
+    second = checkpointer(tmp_path, events, "job-b")
+    with caplog.at_level(logging.WARNING, logger="ftplane.trainer.checkpoint"):
+        assert second.load_latest(*build()) == 0  # not job-a's step 4
+    assert in_progress.exists() and not torn.exists()  # job-a's save in progress is left alone, its own torn one not
+    assert "2 checkpoint(s) under" in caplog.text  # job-a's two, counted before job-b's torn one went
+    with pytest.raises(RuntimeError, match="holds a checkpoint of job job-a"):
+        second.save(4, model, optimizer)  # one step directory cannot hold both jobs' checkpoints
+    for step in (2, 8):
+        second.save(step, model, optimizer)
+    second.close()  # waits for the rotation
+    owners = {(c.step, c.owner) for c in list_checkpoints(tmp_path)}
+    assert owners == {(4, "job-a"), (6, "job-a"), (8, "job-b")}  # each job kept its newest; job-a's untouched
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_resume_from_loads_the_other_jobs_newest_checkpoint_read_only(tmp_path: Path) -> None:
+    """`checkpoint.resume_from`: a new job starts from another job's newest complete checkpoint, writes its own
+    into its own directory, deletes nothing of the other's, and once it has its own, resumes from those."""
+    source, own = tmp_path / "job-a", tmp_path / "job-b"
+    model, optimizer = build()
+    first = checkpointer(source, Events(), "job-a")
+    train_steps(model, optimizer, range(2))
+    first.save(2, model, optimizer)
+    first.close()
+    saved = snapshot(model, optimizer)
+    left = fake_checkpoint(source, 3, marker=False)  # a torn save of the source job
+
+    events = Events()
+    resumed = checkpointer(own, events, "job-b", resume_from=source)
+    fresh_model, fresh_optimizer = build()
+    assert resumed.load_latest(fresh_model, fresh_optimizer) == 2
+    assert all(torch.equal(snapshot(fresh_model, fresh_optimizer)[k], saved[k]) for k in saved)
+    (loaded,) = [kw["details"] for t, kw in events.events if t == "checkpoint_loaded"]
+    assert loaded["from_job"] == "job-a" and loaded["step"] == 2
+    assert left.exists() and [c.step for c in list_checkpoints(source)] == [2, 3]
+
+    resumed.save(4, fresh_model, fresh_optimizer)
+    resumed.close()
+    assert [c.step for c in list_checkpoints(own)] == [4] and [c.step for c in list_checkpoints(source)] == [2, 3]
+    again = checkpointer(own, Events(), "job-b", resume_from=source)
+    assert again.load_latest(*build()) == 4  # its own, newer than the source's
+
+
+def test_the_job_id_and_the_directory_to_resume_from_come_from_the_environment(tmp_path: Path) -> None:
+    environ = {"FTPLANE_JOB_ID": "job-b", "FTPLANE_CHECKPOINT_RESUME_FROM": str(tmp_path / "job-a")}
+    ckpt = Checkpointer(
+        tmp_path / "job-b",
+        engine="none",
+        interval=1,
+        keep=1,
+        rank=0,
+        reporter=Events(),
+        device=torch.device("cpu"),
+        environ=environ,
+    )  # type: ignore[arg-type]
+    assert (ckpt.job_id, ckpt.resume_from) == ("job-b", tmp_path / "job-a")

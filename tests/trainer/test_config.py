@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trainer.config import MODEL_PRESETS, ConfigError, parse_config
+from ftplane.trainer.config import MODEL_PRESETS, ConfigError, parse_config
 
 
 def test_defaults_run_standalone() -> None:

@@ -52,7 +52,11 @@ def test_the_untouched_script_is_supervised_and_its_steps_read_from_its_output(
     job = run_example(launch, receiver, tmp_path, "train_plain.py", FTPLANE_LOG_PATTERN=r"step (?P<step>\d+)")
     assert job.wait(120) == 0, job.tail()
     assert receiver.max_step(0) == receiver.max_step(1) == 30  # read from each rank's own lines
-    assert not receiver.events  # nothing went wrong, and the script reports nothing itself
+    # Nothing went wrong, and the script reports nothing itself: the agent says the run runs (its ranks are up,
+    # and their lines show its first step: where it began, a plain pattern does not say).
+    runs = {e["details"]["basis"]: e for e in receiver.events.values()}
+    assert set(runs) == {"processes", "progress"} and all(e["type"] == "running" for e in runs.values())
+    assert runs["progress"]["details"]["start_step"] is None
     with receiver.lock:
         report = receiver.reports[-1]
     assert report["node"] == "node-a" and report["progress"] == "log"
@@ -74,10 +78,12 @@ def test_the_sdk_script_reports_steps_checkpoints_and_an_injected_fault(
     assert sorted(failed) == [0, 1] and failed[1]["step"] == 15
     assert failed[1]["details"]["cause"].startswith("InjectedFault: injected fault spec-0")
     assert {e["details"]["cause_class"] for e in failed.values()} == {"exception"}
+    assert "consequence" not in failed[1]["details"]  # the injected failure is the cause, never a consequence
     [restart] = receiver.of_type("injob_restart")  # the node agent's, from the launcher
     assert restart["details"]["restart_count"] == 1
 
-    running = {(e["details"]["restart_count"], e["rank"]): e["details"] for e in receiver.of_type("running")}
+    ranks_running = [e for e in receiver.of_type("running") if e["details"].get("source") != "agent"]
+    running = {(e["details"]["restart_count"], e["rank"]): e["details"] for e in ranks_running}
     assert {key: d["start_step"] for key, d in running.items()} == {(0, 0): 0, (0, 1): 0, (1, 0): 10, (1, 1): 10}
     assert {d["total_steps"] for d in running.values()} == {30}
     assert {(e["rank"], e["step"]) for e in receiver.of_type("checkpoint_loaded")} == {(0, 10), (1, 10)}

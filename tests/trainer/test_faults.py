@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.waiting import wait_for
-from tests.trainer.conftest import REPO
-from trainer.faults import (
+from ftplane.trainer.faults import (
     FaultInjector,
     FaultSpec,
     FaultSpecError,
@@ -26,6 +24,8 @@ from trainer.faults import (
     marker_dir,
     parse_faults,
 )
+from tests.support.waiting import wait_for
+from tests.trainer.conftest import REPO
 
 
 class FakeReporter:
@@ -129,7 +129,7 @@ def _child(tmp_path: Path, kind: str) -> subprocess.Popen:
     code = textwrap.dedent(
         f"""
         from pathlib import Path
-        from trainer.faults import FaultInjector, FaultSpec
+        from ftplane.trainer.faults import FaultInjector, FaultSpec
         class Sink:
             def event(self, type, details=None, **kwargs):
                 return "k"

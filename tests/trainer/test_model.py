@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.config import MODEL_PRESETS
-from trainer.model import Transformer, count_parameters, synthetic_batch
+from ftplane.trainer.config import MODEL_PRESETS
+from ftplane.trainer.model import Transformer, count_parameters, synthetic_batch
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""`python -m trainer` on its own, one rank: with no environment at all, and under a node agent."""
+"""`python -m ftplane.trainer` on its own, one rank: with no environment at all, and under a node agent."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from ftplane.trainer.checkpoint import list_checkpoints
 from tests.trainer.conftest import REPO, Job, Receiver, trainer_env
-from trainer.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "trainer", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "ftplane.trainer", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
     )
 
 
@@ -36,7 +36,7 @@ def test_an_unrecovered_fault_exits_non_zero_after_reporting(
 ) -> None:
     faults = json.dumps([{"kind": "exception", "rank": 0, "at_step": 3}])
     env = trainer_env(receiver, tmp_path / "ckpt", extra={"FTPLANE_FAULTS": faults})
-    job = launch([sys.executable, "-m", "trainer", "--model", "tiny", "--steps", "10"], env)
+    job = launch([sys.executable, "-m", "ftplane.trainer", "--model", "tiny", "--steps", "10"], env)
     assert job.wait(120) == 1, job.tail()  # the agent exits with its command's status
     assert receiver.types() == ["running", "fault_injected", "rank_failed"]
     [failed] = receiver.of_type("rank_failed")

@@ -30,8 +30,9 @@ WORKER = textwrap.dedent(
     """
     import json, os, sys, time
     import torch, torch.distributed as dist
-    from trainer.sdk.run import Environment, Run
-    from trainer.sdk.stragglers import StragglerDetection
+    from ftplane.trainer.sdk.environment import Environment
+    from ftplane.trainer.sdk.run import Run
+    from ftplane.trainer.sdk.stragglers import StragglerDetection
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

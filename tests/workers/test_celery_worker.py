@@ -24,6 +24,9 @@ def wait_status(client: TestClient, job_id: str, wanted: set[str], timeout: floa
     return dict(wait_for(f"job {job_id} to be one of {sorted(wanted)}", reached, timeout, interval=0.2))
 
 
+pytestmark = pytest.mark.slow  # each test runs a real Celery worker through a job
+
+
 @pytest.fixture(params=["redis", "embedded"])
 def worker_client(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from api.schemas.causes import Cause, CauseClass
 from tests.support.supervision import ScriptedBackend, last_seen, supervise, use_backend
-from workers.backends.base import AttemptPhase, AttemptStatus, ObservedEvent
+from workers.backends.base import AttemptPhase, AttemptReading, ObservedEvent
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_no_pending_timeout_while_queued_then_it_counts_from_the_admission(
     job = make_job(**K8S, queue="team-a", resiliency={"pending_timeout_s": 60, "max_job_restarts": 1})
     supervise(job["id"], force_launch=True)
     waiting = Cause(CauseClass.scheduling, "queued in LocalQueue team-a: waiting for quota")
-    backend.statuses[0] = AttemptStatus(AttemptPhase.pending, cause=waiting, events=[queued("waiting")])
+    backend.statuses[0] = AttemptReading(AttemptPhase.pending, cause=waiting, events=[queued("waiting")])
     supervise()
     launched_long_ago(job["id"], 0, 3600)  # an hour in the queue
     supervise()
@@ -60,7 +60,7 @@ def test_no_pending_timeout_while_queued_then_it_counts_from_the_admission(
 
     # admitted: the pods wait for nodes now, and the timeout counts from the admission
     unschedulable = Cause(CauseClass.scheduling, "waiting for nodes (0/1 pods running): 0/4 nodes are available")
-    backend.statuses[0] = AttemptStatus(AttemptPhase.pending, cause=unschedulable, events=[queued("admitted")])
+    backend.statuses[0] = AttemptReading(AttemptPhase.pending, cause=unschedulable, events=[queued("admitted")])
     supervise()
     assert admin.get(f"/v1/jobs/{job['id']}").json()["attempt"] == 0  # admitted just now: not timed out
     from api.core.db import session_scope
@@ -82,7 +82,7 @@ def test_on_pending_timeout_fail_ends_the_job_and_releases_the_attempt(
     job = make_job(**K8S, resiliency={"pending_timeout_s": 60, "max_job_restarts": 3, "on_pending_timeout": "fail"})
     supervise(job["id"], force_launch=True)
     waiting = Cause(CauseClass.scheduling, "image cannot be pulled (ImagePullBackOff); Kubernetes keeps retrying")
-    backend.statuses[0] = AttemptStatus(AttemptPhase.pending, cause=waiting)
+    backend.statuses[0] = AttemptReading(AttemptPhase.pending, cause=waiting)
     supervise()
     launched_long_ago(job["id"], 0, 61)
     supervise()
@@ -100,7 +100,7 @@ def test_preemptions_restart_from_their_own_bounded_budget(
     supervise(job["id"], force_launch=True)
     preempted = Cause(CauseClass.preempted, "pod evicted on node n1 (drain)", {"node": "n1", "reason": "Evicted"})
     for attempt in range(3):
-        backend.statuses[attempt] = AttemptStatus(AttemptPhase.failed, cause=preempted, failed_nodes=("n1",))
+        backend.statuses[attempt] = AttemptReading(AttemptPhase.failed, cause=preempted, failed_nodes=("n1",))
     supervise()
     supervise()
     supervise()

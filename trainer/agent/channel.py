@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.agent import protocol
+from ftplane.trainer.agent import protocol
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from typing import Any
 
-from trainer.agent.processes import RankProcess, descendants, is_stopped, process_start_time
+from ftplane.contract import EventType
+from ftplane.trainer.agent.processes import RankProcess, descendants, is_stopped, process_start_time
 
 SIGNALS = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
 
@@ -26,6 +28,29 @@ def signal_rank(process: RankProcess, kind: str) -> bool:
         os.kill(process.pid, SIGNALS[kind])
         return True
     return False
+
+
+def injected_crash_cause(rank: int, pid: int) -> dict[str, Any]:
+    """The cause of a round in which this agent crashed `rank` itself (a `rank_failed` event's details)."""
+    return {
+        "cause": f"rank {rank} killed by SIGKILL (a crash injected by ftplane)",
+        "cause_class": "crash",
+        "rank": rank,
+        "pid": pid,
+        "signal": "SIGKILL",
+        "exit_code": -9,
+        "injected": True,
+    }
+
+
+def crash_announced(event: dict[str, Any]) -> tuple[int, int] | None:
+    """(rank, pid) of a rank's `fault_injected` of kind crash: the SDK kills that rank next. The launcher logs only
+    the first of a round's exits by whole seconds, often a peer's broken collective: the agent knows better."""
+    details = event.get("details")
+    if event.get("type") != EventType.fault_injected or not isinstance(details, dict) or details.get("kind") != "crash":
+        return None
+    rank, pid = event.get("rank"), details.get("pid")
+    return (rank, pid) if isinstance(rank, int) and isinstance(pid, int) else None
 
 
 def resume_stopped(root: int) -> None:

@@ -11,21 +11,25 @@ forms are read; they give these facts as text only):
     [RankMonServer...:1] Did not get subsequent heartbeat. Waited 20.00 seconds  killed for silence
     Worker group UNHEALTHY. 2/3 attempts left; will restart worker group         an in-job restart
     ... UnhealthyNodeException ...                                               NVRx found the node unhealthy
+    Progress tracker detected no progress across restarts. No more restarts ...   NVRx's verdict (0.6+)
     ... Cycle: 1 Event: rendezvous_completed ... Time: ... UTC                   NVRx 0.5+: a cycle's timing
 
 A round is the life of one worker group; each in-job restart starts the next. A rank killed for
 silence is the root cause of its round; else one killed by a signal; ranks that then exit 1 on a
-broken collective, or are killed as the group is torn down, are collateral.
+broken collective (a consequence: marked so from their last lines, failure_context.py), or are killed
+as the group is torn down, are collateral.
 """
 
 from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.agent.launcher_timing import CycleTimed, LauncherTiming
+from ftplane import contract
+from ftplane.trainer.agent.launcher_timing import CycleTimed, LauncherTiming
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
 RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
@@ -42,6 +46,9 @@ HEARTBEAT_TIMEOUT_CYCLES = re.compile(
 # NVRx's health checks found this node unhealthy (0.4.1 then exits 0, later versions 1): the node must go.
 UNHEALTHY = re.compile(r"UnhealthyNodeException:?\s*(.*)")
 HEALTH_CHECK_FAILED = re.compile(r"([^\[\]]*\S failed for node \S+: .*)$")
+# NVRx 0.6+'s progress tracker stops restarting a job that makes no progress: its verdict, whatever the launcher's own
+# exit code then is (fault_tolerance/launcher.py, `_handle_restart_decision`).
+NO_PROGRESS_VERDICT = re.compile(r"(Progress tracker detected no progress across restarts\. No more restarts.*)$")
 GROUP_RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
 PREFIX_TEMPLATE = "[rank${rank}]:"
 
@@ -67,13 +74,17 @@ class RankExit:
     rank: int | None = None  # the global rank, when the agent knew the pid
     silent_s: float | None = None  # set when the launcher killed it for no heartbeat in this long
 
+    def signal(self) -> str | None:
+        """The name of the signal that ended it, if one did."""
+        return signal_name(-self.exit_code) if self.exit_code < 0 else None
+
     def cause(self) -> dict[str, Any]:
         """The structured cause (the event details' keys): a hang when killed for silence, else a crash."""
         facts: dict[str, Any] = {"local_rank": self.local_rank, "exit_code": self.exit_code, "pid": self.pid}
         if self.rank is not None:
             facts["rank"] = self.rank
         if self.exit_code < 0:
-            facts["signal"] = signal_name(-self.exit_code)
+            facts["signal"] = self.signal()
         text = describe_exit(self.exit_code)
         if self.silent_s is not None:
             facts["silent_s"] = self.silent_s
@@ -89,20 +100,36 @@ class RankExit:
         return f"rank {self.rank}" if self.rank is not None else f"local rank {self.local_rank}"
 
 
-def root_cause(failures: list[RankExit]) -> RankExit | None:
-    if not failures:
+def root_cause(failures: list[RankExit], consequence: Callable[[RankExit], bool] | None = None) -> RankExit | None:
+    """contract.root_cause over a round's failures; `consequence` says which broke because a peer failed."""
+    return contract.root_cause(
+        failures, hung=lambda f: f.silent_s is not None, signal=RankExit.signal, consequence=consequence
+    )
+
+
+def consequence_of(failures: list[RankExit], failure: RankExit, crashed: int | None = None) -> str | None:
+    """Who `failure` is a consequence of, if it is one: a rank that exited after a peer of its round was killed by a
+    signal (its collective broke), or after rank `crashed` was crashed on purpose (an injected fault)."""
+    if contract.fault_signal(failure.signal()):
         return None
-    silent = [f for f in failures if f.silent_s is not None]
-    signalled = [f for f in failures if f.exit_code < 0]
-    return (silent or signalled or failures)[0]
-
-
-def round_cause(failures: list[RankExit]) -> dict[str, Any]:
-    """The cause of a round's end, as event details (`worker group failed` when no rank said why)."""
     first = root_cause(failures)
+    if first is not None and first is not failure and contract.fault_signal(first.signal()):
+        return first.who
+    if crashed is not None and crashed != failure.rank:
+        return f"rank {crashed}"
+    return None
+
+
+def round_cause(
+    failures: list[RankExit], cause_of: Callable[[RankExit], dict[str, Any]] = RankExit.cause
+) -> dict[str, Any]:
+    """The cause of a round's end, as event details (`worker group failed` when no rank said why); `cause_of`
+    gives a failure's own cause (with its tail, when the agent has it), marked `consequence` when its collective
+    broke because a peer failed: a failure that is none comes first."""
+    first = root_cause(failures, consequence=lambda f: cause_of(f).get("consequence") is True)
     if first is None:
         return {"cause": "worker group failed", "cause_class": "unknown"}
-    cause = first.cause()
+    cause = dict(cause_of(first))
     cause["cause"] = f"{first.who} {cause['cause']}"
     return cause
 
@@ -131,7 +158,14 @@ class NodeUnhealthy:
     reason: str
 
 
-Fact = RankOutput | RankFailed | GroupRestarted | NodeUnhealthy | CycleTimed
+@dataclass(frozen=True)
+class Verdict:
+    """NVRx decided not to restart: the node agent ends with contract.VERDICT, whatever its launcher's exit code."""
+
+    reason: str
+
+
+Fact = RankOutput | RankFailed | GroupRestarted | NodeUnhealthy | Verdict | CycleTimed
 
 
 @dataclass
@@ -177,6 +211,9 @@ class LauncherOutput:
         if unhealthy:
             reason = self._check_failed or unhealthy[1][:500] or "NVRx's health check failed"
             return [NodeUnhealthy(f"NVRx health check: {reason}")]
+        verdict = NO_PROGRESS_VERDICT.search(line)
+        if verdict:
+            return [Verdict(f"NVRx: {verdict[1].strip()[:300]}")]
         restart = GROUP_RESTART.search(line)
         if restart:
             fact = GroupRestarted(self.round + 1, tuple(self.failures), attempts_left=int(restart[2]))

@@ -7,10 +7,14 @@ or data loader workers, inherit `RANK` and are not ranks).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+# A process this young may not have exec'd its program yet (its environment is still its parent's): what it is,
+# read as "not a rank", is read again until it is older.
+EXEC_GRACE_S = 5.0
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -103,6 +107,7 @@ class RankProcess:
     pid: int
     start_time: int
     restart_count: int
+    local_world_size: int = 1  # the ranks the launcher starts on this node
 
 
 def rank_processes(
@@ -112,12 +117,13 @@ def rank_processes(
     was found to be, so a process's environment is read once, not on every call."""
     cache: dict[tuple[int, int], RankProcess | None] = {} if known is None else known
     seen: dict[int, RankProcess | None] = {}
+    young_since = _ticks_now() - EXEC_GRACE_S * os.sysconf("SC_CLK_TCK")
     for pid in descendants(launcher_pid):
         started = process_start_time(pid)
         if started is None:
             continue
         key = (pid, started)
-        if key not in cache:
+        if key not in cache or (cache[key] is None and started >= young_since):
             cache[key] = _as_rank(pid, started)
         seen[pid] = cache[key]
     with_rank = {pid for pid, process in seen.items() if process is not None}
@@ -125,6 +131,15 @@ def rank_processes(
     for key in [k for k in cache if k[0] not in seen]:  # ended processes
         del cache[key]
     return sorted(found, key=lambda p: p.rank)
+
+
+def _ticks_now() -> float:
+    """Clock ticks since boot, now (the unit of a process's start time)."""
+    try:
+        uptime = float((PROC / "uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return uptime * os.sysconf("SC_CLK_TCK")
 
 
 def _as_rank(pid: int, started: int) -> RankProcess | None:
@@ -138,6 +153,7 @@ def _as_rank(pid: int, started: int) -> RankProcess | None:
             pid=pid,
             start_time=started,
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
         )
     except ValueError:
         return None

@@ -34,12 +34,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ftplane.contract import MAX_DETAILS_KEYS, MAX_KEY_LENGTH, MAX_RANK, MAX_STEP
+
 SOCKET_ENV = "FTPLANE_AGENT_SOCKET"
 MAX_MESSAGE_BYTES = 64 * 1024
-MAX_KEY_LENGTH = 200
-MAX_DETAILS_KEYS = 64
-MAX_RANK = 1_000_000
-MAX_STEP = 10**12
 
 
 class BadMessage(ValueError):

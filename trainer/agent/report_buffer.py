@@ -28,28 +28,19 @@ import email.utils
 import json
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
-MAX_EVENTS_PER_REPORT = 1000
-MAX_HEARTBEATS_PER_REPORT = 20000
+from ftplane.contract import MAX_EVENTS_PER_REPORT, MAX_HEARTBEATS_PER_REPORT
+
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 MAX_RETRY_AFTER_S = 60.0
 # Heartbeats wait for the liveness the agent hands over every interval; alone, they go this many intervals after the
 # last report (more than one, so that they never go just before the liveness and double the reports).
 HEARTBEATS_ALONE_AFTER_INTERVALS = 2
-
-
-def utcnow_iso() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-def new_key() -> str:
-    return uuid.uuid4().hex
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -72,13 +63,13 @@ class Report:
 
     events: list[dict[str, Any]]
     heartbeats: list[dict[str, Any]]
-    status: dict[str, Any] | None
+    liveness: dict[str, Any] | None
 
     def body(self, attempt: int, node: str) -> dict[str, Any]:
         return {
             "attempt": attempt,
             "node": node,
-            "agent": self.status or {},
+            "agent": self.liveness or {},
             "heartbeats": self.heartbeats,
             "events": self.events,
         }
@@ -132,30 +123,6 @@ def outcome_of(response: httpx.Response, path: str) -> Outcome:
     return outcome
 
 
-def new_event(
-    type: str,
-    *,
-    node: str,
-    attempt: int,
-    rank: int | None = None,
-    step: int | None = None,
-    details: dict[str, Any] | None = None,
-    key: str | None = None,
-    ts: str | None = None,
-) -> dict[str, Any]:
-    """An event of `node` as a report carries it, with its idempotency key (a new one unless given)."""
-    return {
-        "key": key or new_key(),
-        "type": type,
-        "ts": ts or utcnow_iso(),
-        "attempt": attempt,
-        "rank": rank,
-        "node": node,
-        "step": step,
-        "details": dict(details or {}),
-    }
-
-
 def fill_event(event: dict[str, Any], node: str, attempt: int) -> None:
     """An event a rank made keeps its key, time and rank; the node and attempt are filled in."""
     event.setdefault("node", node)
@@ -174,8 +141,8 @@ class ReportBuffer:
     max_events: int = 100_000
     events: collections.deque[dict[str, Any]] = field(default_factory=collections.deque)
     heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
-    status: dict[str, Any] | None = None
-    status_changed: bool = False
+    liveness: dict[str, Any] | None = None
+    liveness_changed: bool = False
     failures: int = 0  # consecutive failed reports: drives the backoff
     retry_at: float = 0.0  # monotonic time before which nothing is sent
     next_report_at: float = 0.0
@@ -196,9 +163,9 @@ class ReportBuffer:
     def add_heartbeat(self, beat: dict[str, Any]) -> None:
         self.heartbeats[int(beat["rank"])] = beat
 
-    def set_status(self, status: dict[str, Any]) -> None:
-        self.status = status
-        self.status_changed = True
+    def set_liveness(self, liveness: dict[str, Any]) -> None:
+        self.liveness = liveness
+        self.liveness_changed = True
 
     # ---- what the next report carries ----
 
@@ -206,7 +173,7 @@ class ReportBuffer:
         """Seconds until a report should be sent (0: now); None when there is nothing to send."""
         if now < self.retry_at:  # a flush skips the wait once (it clears retry_at), not after every failed try
             return self.retry_at - now
-        if self.events or self.status_changed:
+        if self.events or self.liveness_changed:
             return 0.0
         if self.heartbeats:
             return 0.0 if flushing else max(self.next_report_at - now, 0.0)
@@ -218,9 +185,9 @@ class ReportBuffer:
         beats = list(self.heartbeats.values())[:MAX_HEARTBEATS_PER_REPORT]
         for beat in beats:
             del self.heartbeats[int(beat["rank"])]
-        self.status_changed = False
+        self.liveness_changed = False
         self.next_report_at = now + HEARTBEATS_ALONE_AFTER_INTERVALS * self.interval_s
-        return Report(events, beats, self.status)
+        return Report(events, beats, self.liveness)
 
     def settle(self, report: Report, outcome: Outcome, now: float) -> None:
         """Apply what became of `report`: drop what was accepted (or refused for good), keep the rest."""
@@ -235,7 +202,7 @@ class ReportBuffer:
             if not outcome.liveness_taken:
                 for beat in report.heartbeats:
                     self.heartbeats.setdefault(int(beat["rank"]), beat)  # a newer one wins
-                self.status_changed = True
+                self.liveness_changed = True
             return
         self.failures = 0
         self.reports += 1
@@ -251,4 +218,4 @@ class ReportBuffer:
 
     def settled_all(self) -> bool:
         """Nothing left to send: every event accepted (or refused for good), no heartbeat or liveness waiting."""
-        return not (self.events or self.heartbeats or self.status_changed)
+        return not (self.events or self.heartbeats or self.liveness_changed)

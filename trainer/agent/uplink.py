@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from trainer.agent.report_buffer import Outcome, Report, ReportBuffer, fill_event, new_event, outcome_of
+from ftplane.contract import EventType, new_event
+from ftplane.trainer.agent.report_buffer import Outcome, Report, ReportBuffer, fill_event, outcome_of
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class NodeEvents:
 
     def event(
         self,
-        type: str,
+        type: EventType,
         *,
         rank: int | None = None,
         step: int | None = None,
@@ -152,12 +153,12 @@ class Uplink(NodeEvents):
             self.buffer.add_heartbeat(beat)
             self._cond.notify()
 
-    def status(self, status: dict[str, Any]) -> None:
+    def liveness(self, liveness: dict[str, Any]) -> None:
         """The node's newest liveness, sent at once (after any backoff wait) with the heartbeats waiting."""
         if not self.enabled:
             return
         with self._cond:
-            self.buffer.set_status(status)
+            self.buffer.set_liveness(liveness)
             self._cond.notify()
 
     def pending(self) -> tuple[int, int]:
@@ -219,10 +220,11 @@ class Uplink(NodeEvents):
             outcome = self._post(report)
             with self._cond:
                 self.buffer.settle(report, outcome, time.monotonic())
+                failures, retry_in = self.buffer.failures, self.buffer.retry_delay()
+            log_outcome(outcome, failures, retry_in)  # before a flush waiting on this report returns
+            with self._cond:
                 self._in_flight -= 1
-                failures = self.buffer.failures
                 self._cond.notify_all()
-            log_outcome(outcome, failures, self.buffer.retry_delay())
             hand_over_faults(outcome, self.on_faults)
 
     def _post(self, report: Report) -> Outcome:
@@ -238,7 +240,7 @@ class AsyncUplink(NodeEvents):
     """Drives a ReportBuffer from an asyncio task: the same reports, batching, retries and backoff as `Uplink`, for
     code that lives in an event loop. The scale benchmark runs thousands of them in one process.
 
-    Call `start()` inside the running loop; the node's side (`event`, `heartbeat`, `status`) never awaits.
+    Call `start()` inside the running loop; the node's side (`event`, `heartbeat`, `liveness`) never awaits.
     `on_settled(report, outcome, seconds)` sees each POST's outcome and duration once the buffer has settled it.
     """
 
@@ -297,9 +299,9 @@ class AsyncUplink(NodeEvents):
         self.buffer.add_heartbeat(beat)
         self._wake.set()
 
-    def status(self, status: dict[str, Any]) -> None:
+    def liveness(self, liveness: dict[str, Any]) -> None:
         """The node's newest liveness, sent at once (after any backoff wait) with the heartbeats waiting."""
-        self.buffer.set_status(status)
+        self.buffer.set_liveness(liveness)
         self._wake.set()
 
     def pending(self) -> tuple[int, int]:

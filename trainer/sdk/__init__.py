@@ -6,7 +6,7 @@ detection per rank, progress and ETA), its checkpoints (goodput's stall accounti
 failures with their causes, and it can have faults injected at a step. A loop integrates it in a
 few lines (examples/byo/train_sdk.py is a whole script):
 
-    from trainer import sdk
+    from ftplane import sdk
 
     run = sdk.init(total_steps=args.steps)
     start = load_checkpoint(...)                   # your code
@@ -40,23 +40,38 @@ The API (every call is safe from the training thread; none waits on the network)
   uncaught exception is reported so by default, and `with sdk.init(...) as run:` does it too).
 - `Run.exclude_node(reason)`: this node must not be used again (the agent stops it and the control
   plane restarts the job elsewhere).
+- `with Run.phase("validation"):` work that makes no steps (validation, a checkpoint save) is no hang:
+  heartbeats go on meanwhile, for at most its timeout (trainer/sdk/phases.py).
+- `Run.step(n, ..., inject=False)` then `Run.before_step(n)`: for a loop whose checkpoint of step `n` is
+  written after it reports the step (a framework's callback): the fault due at `n` fires in `before_step`.
 - `Run.flush(timeout=5.0)`, `Run.finish(timeout=5.0)` (also run at interpreter exit).
 - `inprocess(fn, run=None, **options)`: NVRx's in-process restart around `fn` (trainer/sdk/restart.py).
 - `checkpointer(run=None, **options)`: async DCP checkpoints reported through the run
   (trainer/sdk/checkpointing.py).
+- `termination.install()`, `termination.requested()`, `termination.seconds_left()`: learn that the rank
+  is being stopped (SIGTERM: an eviction, a drain, a cancel) and save before the grace period ends;
+  `Run.should_stop(group=None)` (a collective: every rank, same step) is true on every rank once any was
+  told, then save and `termination.end()` (trainer/sdk/termination.py).
 - `straggler_detection(run=None, **options)`: NVRx's straggler detection around the run's sections, its
   score sent with the heartbeats, where CUDA is (trainer/sdk/stragglers.py).
 
+The frameworks' callbacks, one line each: `ftplane.sdk.lightning.FtplaneCallback` (trainer/sdk/lightning.py)
+and `ftplane.sdk.transformers.FtplaneCallback` (trainer/sdk/transformers.py); they import their framework,
+so they are not among the names below.
+
 Under ft_launcher the run also sends the launcher's rank monitor the heartbeats its hang detection
-needs (from a thread, once per interval in which `step()` was called: trainer/nvrx.py).
+needs (from a thread, once per interval in which `step()` was called: trainer/nvrx/heartbeats.py).
 Dependencies: the standard library; torch and NVRx only where a helper needs them.
 """
 
-from trainer.sdk.checkpointing import checkpointer
-from trainer.sdk.restart import inprocess
-from trainer.sdk.run import Environment, Run, current, init
-from trainer.sdk.sink import EventSink
-from trainer.sdk.stragglers import straggler_detection
+from ftplane.trainer.sdk import termination
+from ftplane.trainer.sdk.checkpointing import checkpointer
+from ftplane.trainer.sdk.environment import Environment
+from ftplane.trainer.sdk.process_run import current, init
+from ftplane.trainer.sdk.restart import inprocess
+from ftplane.trainer.sdk.run import Run
+from ftplane.trainer.sdk.sink import EventSink
+from ftplane.trainer.sdk.stragglers import straggler_detection
 
 __all__ = [
     "Environment",
@@ -67,4 +82,5 @@ __all__ = [
     "inprocess",
     "init",
     "straggler_detection",
+    "termination",
 ]

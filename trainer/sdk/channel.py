@@ -36,7 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainer.agent import protocol
+from ftplane.contract import MAX_STEP
+from ftplane.trainer.agent import protocol
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,12 @@ class AgentChannel:
         """Make `beat` the newest heartbeat (fields of protocol.py's heartbeat; `ts` a time.time())."""
         self._beat = beat
         self._beat_seq += 1
+
+    def refresh(self) -> None:
+        """Make the newest heartbeat new again, as of now: a rank busy with other work than steps is alive."""
+        beat = self._beat
+        if beat is not None:
+            self.heartbeat({**beat, "ts": time.time()})
 
     def send(self, message: dict[str, Any]) -> bool:
         """Queue a message, to be sent in order; False (and counted) when the queue is full."""
@@ -286,7 +293,7 @@ class AgentChannel:
         message: dict[str, Any] = {
             "type": "heartbeat",
             "rank": self.rank,
-            "step": min(max(int(beat["step"]), 0), protocol.MAX_STEP),
+            "step": min(max(int(beat["step"]), 0), MAX_STEP),
             "ts": datetime.fromtimestamp(beat["ts"], UTC).isoformat(),
         }
         if self.reply_to is not None:
@@ -302,7 +309,7 @@ class AgentChannel:
             if value is not None:
                 message[name] = value
         total = beat.get("total_steps")
-        if isinstance(total, int) and 1 <= total <= protocol.MAX_STEP:
+        if isinstance(total, int) and 1 <= total <= MAX_STEP:
             message["total_steps"] = total
         try:
             self._out.sendto(protocol.encode(message), self.agent_socket)

@@ -10,7 +10,7 @@
         run.step(n, ...)
     ckpt.wait(); ckpt.close()
 
-It is the built-in trainer's `trainer.checkpoint.Checkpointer` (see that module: the layout, what
+It is the built-in trainer's `ftplane.trainer.checkpoint.Checkpointer` (see that module: the layout, what
 makes a checkpoint complete, which engine runs where: NVRx's async writer on CUDA, `dcp.async_save`
 on the CPU), wired to the run: rank 0 reports each completed save with its blocking and total
 seconds and its size, which goodput reads as checkpoint stalls.
@@ -23,12 +23,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.sdk.run import Run, init
+from ftplane.contract import Env
+from ftplane.trainer.sdk.process_run import init
+from ftplane.trainer.sdk.run import Run
 
 if TYPE_CHECKING:
     import torch
 
-    from trainer.checkpoint import Checkpointer
+    from ftplane.trainer.checkpoint import Checkpointer
 
 
 def checkpointer(
@@ -51,7 +53,7 @@ def checkpointer(
     import torch
     import torch.distributed as dist
 
-    from trainer.checkpoint import Checkpointer
+    from ftplane.trainer.checkpoint import Checkpointer
 
     env = os.environ if environ is None else environ
     the_run = run if run is not None else init()
@@ -63,14 +65,14 @@ def checkpointer(
         except ValueError:
             raise ValueError(f"{name}={text!r}: expected an integer") from None
 
-    directory = root if root is not None else env.get("FTPLANE_CHECKPOINT_DIR") or None
+    directory = root if root is not None else env.get(Env.CHECKPOINT_DIR) or None
     if device is None:
         device = torch.device("cuda", the_run.local_rank) if torch.cuda.is_available() else torch.device("cpu")
     return Checkpointer(
         Path(directory) if directory else None,
-        engine=engine or env.get("FTPLANE_CHECKPOINT_ENGINE") or "async",
-        interval=interval if interval is not None else number("FTPLANE_CHECKPOINT_INTERVAL", 100),
-        keep=keep if keep is not None else number("FTPLANE_CHECKPOINT_KEEP", 2),
+        engine=engine or env.get(Env.CHECKPOINT_ENGINE) or "async",
+        interval=interval if interval is not None else number(Env.CHECKPOINT_INTERVAL, 100),
+        keep=keep if keep is not None else number(Env.CHECKPOINT_KEEP, 2),
         rank=rank if rank is not None else (dist.get_rank() if dist.is_initialized() else the_run.rank),
         reporter=the_run,
         device=device,

@@ -24,9 +24,11 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 
-from trainer.sdk.run import Run, init
+from ftplane.contract import Env
+from ftplane.trainer.sdk.process_run import init
+from ftplane.trainer.sdk.run import Run
 
-log = logging.getLogger("trainer.sdk")
+log = logging.getLogger("ftplane.trainer.sdk")
 
 _warned: set[str] = set()
 
@@ -75,10 +77,10 @@ def inprocess(
     """
     env = os.environ if environ is None else environ
     the_run = run if run is not None else init()
-    on = _flag(env.get("FTPLANE_INPROCESS")) if enabled is None else enabled
+    on = _flag(env.get(Env.INPROCESS)) if enabled is None else enabled
 
     def once() -> None:
-        from trainer.nvrx import Iteration
+        from ftplane.trainer.nvrx.inprocess_restart import Iteration
 
         the_run.enter_iteration(Iteration(index=0))
         try:
@@ -89,14 +91,14 @@ def inprocess(
 
     if not on:
         return once
-    from trainer import nvrx
+    from ftplane.trainer.nvrx import inprocess_restart, versions
 
-    if not nvrx.inprocess_available():
+    if not inprocess_restart.inprocess_available():
         _warn_once(
             "unavailable",
             "in-process restart is on, but NVRx %s has no inprocess.Wrapper (deprecated since 0.6): "
             "training runs without it, and a fault goes to the next rung (ft_launcher's in-job restart)",
-            nvrx.NVRX_VERSION or "(version unknown)",
+            versions.NVRX_VERSION or "(version unknown)",
         )
         return once
     master_port = env.get("MASTER_PORT")
@@ -111,17 +113,17 @@ def inprocess(
         "deprecated",
         "in-process restart: NVRx marks it deprecated since 0.6 (installed: %s); ftplane keeps the rung "
         "while NVRx has it and falls back to in-job restart where it does not",
-        nvrx.NVRX_VERSION or "version unknown",
+        versions.NVRX_VERSION or "version unknown",
     )
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
-    soft = soft_timeout_s if soft_timeout_s is not None else _number(env, "FTPLANE_INPROCESS_SOFT_TIMEOUT_S", 60.0)
-    hard = hard_timeout_s if hard_timeout_s is not None else _number(env, "FTPLANE_INPROCESS_HARD_TIMEOUT_S", 90.0)
-    budget = max_iterations if max_iterations is not None else int(_number(env, "FTPLANE_INPROCESS_MAX_ITERATIONS", 10))
+    soft = soft_timeout_s if soft_timeout_s is not None else _number(env, Env.INPROCESS_SOFT_TIMEOUT_S, 60.0)
+    hard = hard_timeout_s if hard_timeout_s is not None else _number(env, Env.INPROCESS_HARD_TIMEOUT_S, 90.0)
+    budget = max_iterations if max_iterations is not None else int(_number(env, Env.INPROCESS_MAX_ITERATIONS, 10))
 
-    def iteration(it: nvrx.Iteration) -> None:
+    def iteration(it: inprocess_restart.Iteration) -> None:
         the_run.enter_iteration(it, store=getattr(it.call_wrapper, "base_store", None))
         try:
             fn()
@@ -131,9 +133,9 @@ def inprocess(
         finally:
             the_run.leave_iteration()
 
-    return nvrx.wrap_inprocess(
+    return inprocess_restart.wrap_inprocess(
         iteration,
-        store_host=store_host or env.get("FTPLANE_MASTER_ADDR") or env.get("MASTER_ADDR") or "127.0.0.1",
+        store_host=store_host or env.get(Env.MASTER_ADDR) or env.get("MASTER_ADDR") or "127.0.0.1",
         store_port=store_port if store_port is not None else int(master_port or 0) + 1,
         soft_timeout_s=soft,
         hard_timeout_s=hard,

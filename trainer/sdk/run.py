@@ -1,133 +1,58 @@
 """One rank's run: what the training loop reports, and the fault-injection hook it runs.
 
-`init()` reads the environment that the backend, the node agent and the launcher give a rank and
-returns the process's `Run`. Reports go to the node agent (trainer/sdk/channel.py), never to the
-network; without an agent (`FTPLANE_AGENT_SOCKET`) or a control plane (`FTPLANE_URL`) reporting is
-off and every report is a no-op, so the same script runs anywhere. Two things do not depend on
-the agent: ft_launcher's rank heartbeats (sent whenever the launcher's rank monitor is there, see
-trainer/nvrx.py) and the faults of `FTPLANE_FAULTS` (deterministic injection, for whoever sets it).
+`init()` (trainer/sdk/process_run.py) reads the environment that the backend, the node agent and the launcher
+give a rank and returns the process's `Run`. Reports go to the node agent (trainer/sdk/channel.py), never to
+the network; without an agent (`FTPLANE_AGENT_SOCKET`) or a control plane (`FTPLANE_URL`) reporting is off and
+every report is a no-op, so the same script runs anywhere. Two things do not depend on the agent:
+ft_launcher's rank heartbeats (sent whenever the launcher's rank monitor is there, see trainer/nvrx/) and the
+faults of `FTPLANE_FAULTS` (deterministic injection, for whoever sets it).
 
 On the training thread nothing waits: `step()` stores the newest heartbeat, counts progress for
 ft_launcher, pings NVRx's in-process Wrapper when inside one, and runs the fault hook, which
 does something only at the step a fault is due (or sleeps, in a slowdown). Events are queued and
-sent by a thread.
+sent by a thread. Work that makes no steps (validation, a save) is marked with `phase()`.
 
-Stragglers: each heartbeat carries the step's wall time (`step_time_s`) and, when the loop times
-its own work with `run.compute()`, that work's seconds (`compute_s`). In synchronous training every
-rank's step takes the job's time (the fast ranks wait in the collectives), so a slow rank shows
-only in the work it does alone: that is what `compute()` measures, and what the control plane
-compares across ranks. The time `step()` itself spends in the fault hook counts as the rank's own
-work too (a slowdown's sleep, which is how a straggler is simulated). NVRx's own scores, where it
-runs: trainer/sdk/stragglers.py.
+Stopping (an eviction, a drain, a cancel: SIGTERM, once `termination.install()` was called): `should_stop()`
+is true on every rank once any was told, so the loop saves that step and ends (trainer/sdk/termination.py).
 
-One module of ~600 lines on purpose: `Run` is the SDK's whole surface for a training loop, and a
-reader should find every call a loop makes, and what each does on its thread, in one place.
+Stragglers: `compute()` times the rank's own work, which heartbeats carry as `compute_s`; NVRx's own
+scores, where it runs: trainer/sdk/stragglers.py.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import logging
 import os
 import statistics
-import sys
-import threading
 import time
-import traceback
-import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from trainer.agent.protocol import SOCKET_ENV
-from trainer.faults import FaultInjector, FaultSpec, marker_dir, parse_faults
-from trainer.sdk.channel import AgentChannel
-from trainer.sdk.sink import checkpoint_saved_details
+from ftplane.contract import EventType, inprocess_restart_key
+from ftplane.trainer.faults import FaultInjector, FaultSpec, marker_dir
+from ftplane.trainer.sdk import termination
+from ftplane.trainer.sdk.environment import Environment
+from ftplane.trainer.sdk.failures import UncaughtExceptions, exception_cause, is_restart_signal
+from ftplane.trainer.sdk.phases import Phases
+from ftplane.trainer.sdk.reporter import EXIT_FLUSH_S, Reporter
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from trainer.nvrx import Iteration, ProgressHeartbeats, RestartCauses
+    from ftplane.trainer.nvrx.heartbeats import ProgressHeartbeats
+    from ftplane.trainer.nvrx.inprocess_restart import Iteration, RestartCauses
 
-log = logging.getLogger("trainer.sdk")
+log = logging.getLogger("ftplane.trainer.sdk")
 
-FT_RANK_MONITOR_ENV = "FT_RANK_MONITOR_IPC_SOCKET"  # set by ft_launcher for its workers
 FAILURE_FLUSH_S = 2.0
-EXCLUDE_FLUSH_S = 2.0
-EXIT_FLUSH_S = 5.0
-MAX_EXCEPTION_CHARS = 4000
-MAX_CAUSE_CHARS = 500
 RECENT_STEPS = 5  # step times a slowdown's sleep is a fraction of (their median, before it began)
 
 
-def _int(environ: Mapping[str, str], name: str, default: int) -> int:
-    text = environ.get(name, "")
-    if text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: expected an integer") from None
-
-
-@dataclass(frozen=True)
-class Environment:
-    """What the backend, the node agent and the launcher tell a rank about itself."""
-
-    agent_socket: str | None = None  # FTPLANE_AGENT_SOCKET, set by the node agent
-    url: str | None = None  # FTPLANE_URL: the control plane exists (the agent talks to it, never the ranks)
-    job_id: str | None = None
-    attempt: int = 0
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    restart_count: int = 0  # ft_launcher's worker-group restarts so far
-    checkpoint_dir: str | None = None
-    faults: list[FaultSpec] = field(default_factory=list)
-    rank_monitor: bool = False  # under ft_launcher: its rank monitor listens for heartbeats
-
-    @property
-    def reporting(self) -> bool:
-        return bool(self.agent_socket and self.url)
-
-    @classmethod
-    def read(cls, environ: Mapping[str, str] | None = None) -> Environment:
-        """From FTPLANE_* and the launcher's variables; a malformed value raises ValueError naming it."""
-        env = os.environ if environ is None else environ
-        return cls(
-            agent_socket=env.get(SOCKET_ENV) or None,
-            url=env.get("FTPLANE_URL") or None,
-            job_id=env.get("FTPLANE_JOB_ID") or None,
-            attempt=_int(env, "FTPLANE_ATTEMPT", 0),
-            rank=_int(env, "RANK", 0),
-            local_rank=_int(env, "LOCAL_RANK", 0),
-            world_size=_int(env, "WORLD_SIZE", 1),
-            restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
-            checkpoint_dir=env.get("FTPLANE_CHECKPOINT_DIR") or None,
-            faults=parse_faults(env.get("FTPLANE_FAULTS")),
-            rank_monitor=bool(env.get(FT_RANK_MONITOR_ENV)),
-        )
-
-
-def _utcnow() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-def _is_restart_signal(exc: BaseException) -> bool:
-    """NVRx's Wrapper interrupting a healthy rank because another failed: not this rank's failure."""
-    if "nvidia_resiliency_ext" not in sys.modules:
-        return False  # nothing of NVRx is loaded, so nothing raised by it
-    from trainer import nvrx
-
-    return nvrx.is_restart_signal(exc)
-
-
-class Run:
-    """One rank's reports and fault hook. Made by `trainer.sdk.init()`; see trainer/sdk/__init__.py."""
+class Run(Reporter):
+    """One rank's reports and fault hook. Made by `ftplane.trainer.sdk.init()`; see trainer/sdk/__init__.py."""
 
     def __init__(
         self,
@@ -139,13 +64,8 @@ class Run:
         store: dist.Store | None = None,
         max_queued: int = 10_000,
     ) -> None:
-        self.env = env
-        self.enabled = env.reporting
-        self.rank = env.rank
+        super().__init__(env, interval_s=interval_s, max_queued=max_queued, on_faults=self._on_faults)
         self.total_steps = total_steps
-        self._key_prefix = uuid.uuid4().hex[:16]  # event keys: this prefix and a counter, unique per process
-        self._key_seq = 0
-        self._key_lock = threading.Lock()
         self._iteration = 0
         self._wrapper: Iteration | None = None  # set while inside NVRx's in-process Wrapper
         self._started = False  # a `running` event was sent for this iteration
@@ -157,56 +77,20 @@ class Run:
         self.perf_score: float | None = None  # set by the NVRx straggler helper (trainer/sdk/stragglers.py)
         self._step_hooks: list[Callable[[], None]] = []
         self._reported: BaseException | None = None
-        self._finished = False
-        self._previous_excepthook: Callable[..., Any] | None = None
+        self._uncaught = UncaughtExceptions(self.failed)
 
         self.faults: FaultInjector | None = self._injector(env.faults) if env.faults else None
-        self.channel: AgentChannel | None = None
-        if self.enabled:
-            assert env.agent_socket is not None
-            self.channel = AgentChannel(
-                env.agent_socket,
-                rank=env.rank,
-                interval_s=interval_s,
-                max_queued=max_queued,
-                on_faults=self._on_faults,
-            )
 
         self.heartbeats: ProgressHeartbeats | None = None
         if nvrx_heartbeats and env.rank_monitor:
-            from trainer.nvrx import ProgressHeartbeats
+            from ftplane.trainer.nvrx.heartbeats import ProgressHeartbeats
 
             self.heartbeats = ProgressHeartbeats()
+        self.phases = Phases(self._keep_alive, interval_s=interval_s)
 
         self.causes: RestartCauses | None = None
         if store is not None:
             self.share_failures(store)
-
-    # --- who and where ------------------------------------------------------------------------------
-
-    @property
-    def job_id(self) -> str | None:
-        return self.env.job_id
-
-    @property
-    def attempt(self) -> int:
-        return self.env.attempt
-
-    @property
-    def local_rank(self) -> int:
-        return self.env.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.env.world_size
-
-    @property
-    def restart_count(self) -> int:
-        return self.env.restart_count
-
-    @property
-    def checkpoint_dir(self) -> str | None:
-        return self.env.checkpoint_dir
 
     @property
     def iteration(self) -> int:
@@ -264,12 +148,13 @@ class Run:
         finally:
             self._compute_s += time.perf_counter() - started
 
-    def step(self, n: int, *, loss: float | None = None, tokens: float | None = None) -> None:
+    def step(self, n: int, *, loss: float | None = None, tokens: float | None = None, inject: bool = True) -> None:
         """`n` steps are done (call it once per step, after any checkpoint of that step). O(1) and no
         I/O: stores the newest heartbeat (step, loss, throughput = `tokens` per step time, step time
         measured from the previous call), counts progress for ft_launcher's rank monitor and NVRx's
         in-process Wrapper, then fires a fault due before step `n` runs, if any (the only thing that
-        may not return). Pass `loss` as a float (`loss.item()`), not a device tensor."""
+        may not return). Pass `loss` as a float (`loss.item()`), not a device tensor. A framework's callback,
+        whose checkpoint of step `n` is written later, passes `inject=False`, then calls `before_step(n)`."""
         if self._finished:
             return
         now = time.perf_counter()
@@ -301,12 +186,37 @@ class Run:
             self.heartbeats.progress()
         if self._wrapper is not None:
             self._wrapper.ping()
-        self._fault_hook(n)
+        if inject:
+            self._fault_hook(n)
+
+    def should_stop(self, group: dist.ProcessGroup | None = None) -> bool:
+        """`if run.should_stop():` save this step, then end (`termination.end()`): true on every rank once any
+        rank of `group` (default: the job) has been told to stop, by SIGTERM after `termination.install()`.
+        A collective: every rank calls it at the same step (each step, or every few); alone, this rank's flag."""
+        return termination.agreed(group)
+
+    def before_step(self, n: int) -> None:
+        """The loop is about to run step `n` (0-based: `n` steps are done, and their checkpoint is written):
+        fires a fault due then, if any (may not return). For loops that pass `step(..., inject=False)`."""
+        if not self._finished:
+            self._fault_hook(n)
+
+    def phase(self, name: str, *, timeout_s: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """`with run.phase("validation"):` work that makes no steps is no hang: heartbeats go on, for at most
+        `timeout_s` (trainer/sdk/phases.py; `run.phases.begin(name)`/`.end()` where a `with` does not fit)."""
+        return self.phases.open(name, timeout_s)
+
+    def _keep_alive(self) -> None:
+        """A heartbeat of each kind, at the step the rank is at (the phases' thread calls it)."""
+        if self.channel is not None:
+            self.channel.refresh()
+        if self.heartbeats is not None:
+            self.heartbeats.progress()
 
     def _running(self, start_step: int, details: Mapping[str, Any] | None) -> str:
         self._started = True
         return self.event(
-            "running",
+            EventType.running,
             {
                 "restart_count": self.restart_count,
                 "iteration": self._iteration,
@@ -322,77 +232,6 @@ class Run:
             step=start_step,
         )
 
-    # --- events ---------------------------------------------------------------------------------------
-
-    def event(
-        self,
-        type: str,
-        details: Mapping[str, Any] | None = None,
-        *,
-        step: int | None = None,
-        key: str | None = None,
-        rank: int | None = None,
-    ) -> str:
-        """Queue an event of this rank (sent at once, in order, kept while the agent is away); returns
-        its idempotency key, `key` when given (a resend or a second sender of the same fact is then
-        stored once). Never waits."""
-        if key is None:
-            with self._key_lock:
-                self._key_seq += 1
-                key = f"{self._key_prefix}-{self._key_seq}"
-        if self.channel is None or self._finished:
-            return key
-        self.channel.send(
-            {
-                "type": "event",
-                "event": {
-                    "key": key,
-                    "type": type,
-                    "ts": _utcnow(),
-                    "attempt": self.attempt,
-                    "rank": self.rank if rank is None else rank,
-                    "step": step,
-                    "details": dict(details or {}),
-                },
-            }
-        )
-        return key
-
-    def checkpoint_saved(
-        self,
-        step: int,
-        *,
-        blocking_s: float,
-        total_s: float | None = None,
-        bytes: int | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> str:
-        """The checkpoint of `step` is complete. Call it when it is (for an async save: when the write
-        has finished): the training loop was held `blocking_s` of the save's `total_s` (default: all of
-        it, as for a synchronous save), counted back from now."""
-        total = blocking_s if total_s is None else total_s
-        return self.event(
-            "checkpoint_saved",
-            checkpoint_saved_details(step, blocking_s=blocking_s, total_s=total, bytes=bytes, **(details or {})),
-            step=step,
-        )
-
-    def checkpoint_loaded(
-        self,
-        step: int,
-        *,
-        load_s: float | None = None,
-        path: str | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Training resumed from the checkpoint of `step`."""
-        facts: dict[str, Any] = {"step": step}
-        if load_s is not None:
-            facts["load_s"] = round(load_s, 4)
-        if path is not None:
-            facts["path"] = path
-        return self.event("checkpoint_loaded", {**facts, **(details or {})}, step=step)
-
     def failed(
         self, exc: BaseException, *, step: int | None = None, details: Mapping[str, Any] | None = None
     ) -> str | None:
@@ -404,52 +243,31 @@ class Run:
         if exc is self._reported or (isinstance(exc, SystemExit) and exc.code in (0, None)):
             return None
         self._reported = exc
-        if _is_restart_signal(exc):
+        if is_restart_signal(exc):
             log.warning("rank %d interrupted for an in-process restart: %s", self.rank, exc)
             return None
-        text = "".join(traceback.format_exception_only(exc)).strip()
-        message = str(exc).strip().splitlines()
-        cause = (f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__)[:MAX_CAUSE_CHARS]
+        facts = exception_cause(exc)
+        cause = facts["cause"]
         step = self._step if step is None else step
-        facts: dict[str, Any] = {
-            "cause": cause,
-            "cause_class": "exception",
-            "rank": self.rank,
-            "exception_type": type(exc).__name__,
-            "exception": text[:MAX_EXCEPTION_CHARS],
-            "iteration": self._iteration,
-            "restart_count": self.restart_count,
-            "inprocess": self.inprocess,
-        }
+        facts.update(
+            {
+                "rank": self.rank,
+                "iteration": self._iteration,
+                "restart_count": self.restart_count,
+                "inprocess": self.inprocess,
+            }
+        )
         if self.causes is not None:
             first, first_cause = self.causes.record(self._iteration, self.rank, cause)
             facts["first_to_fail"], facts["first_failure"] = first, first_cause
         log.error("rank %d failed at step %d: %s", self.rank, step, cause)
-        key = self.event("rank_failed", {**facts, **(details or {})}, step=step)
+        key = self.event(EventType.rank_failed, {**facts, **(details or {})}, step=step)
         self.flush(FAILURE_FLUSH_S)
         return key
-
-    def exclude_node(self, reason: str) -> None:
-        """Ask for this node to be excluded (bad GPU, ECC errors, ...): the agent reports the node
-        unhealthy, stops the launcher and leaves with the status that makes the control plane restart
-        the job elsewhere. Waits up to 2 s for the message to reach the agent."""
-        log.error("rank %d asks to exclude this node: %s", self.rank, reason)
-        if self.channel is None or self._finished:
-            return
-        self.channel.send({"type": "exclude_node", "rank": self.rank, "reason": str(reason)[:2000]})
-        self.flush(EXCLUDE_FLUSH_S)
-
-    def flush(self, timeout: float = EXIT_FLUSH_S) -> bool:
-        """Wait up to `timeout` s until everything queued has reached the agent; True if so (always
-        when reporting is off)."""
-        if self.channel is None:
-            return True
-        return self.channel.flush(timeout)
 
     def finish(self, timeout: float = EXIT_FLUSH_S) -> bool:
         """Flush (bounded), then stop: threads end, sockets close, later calls are no-ops. Returns
         whether everything reached the agent. Also run at interpreter exit."""
-        global _current
         if self._finished:
             return True
         delivered = True
@@ -458,11 +276,13 @@ class Run:
         self._finished = True
         if self.heartbeats is not None:
             self.heartbeats.close()
-        if self._previous_excepthook is not None and sys.excepthook == self._excepthook:
-            sys.excepthook = self._previous_excepthook
-        if _current is self:
-            _current = None
+        self.phases.close()
+        self._uncaught.uninstall()
         return delivered
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
 
     def __enter__(self) -> Run:
         return self
@@ -480,7 +300,7 @@ class Run:
         """Record failures in `store`, shared by all ranks, first writer wins: `rank_failed` then says
         which rank failed first and `inprocess_restart` names that root cause, not the timeouts it set
         off on the other ranks."""
-        from trainer.nvrx import RestartCauses
+        from ftplane.trainer.nvrx.inprocess_restart import RestartCauses
 
         self.causes = RestartCauses(store, self.restart_count)
 
@@ -504,14 +324,14 @@ class Run:
         if self.rank == 0:
             cause = self.causes.first(iteration.index - 1) if self.causes is not None else None
             self.event(
-                "inprocess_restart",
+                EventType.inprocess_restart,
                 {
                     "iteration": iteration.index,
                     "cause": cause or "unknown",
                     "cause_class": "exception" if cause else "unknown",
                     "restart_count": self.restart_count,
                 },
-                key=f"inprocess_restart:{self.job_id}:{self.attempt}:{self.restart_count}:{iteration.index}",
+                key=inprocess_restart_key(self.job_id, self.attempt, self.restart_count, iteration.index),
             )
 
     def leave_iteration(self) -> None:
@@ -519,18 +339,7 @@ class Run:
 
     def report_uncaught_exceptions(self) -> None:
         """Report an exception that ends the script (`sys.excepthook`, the previous hook still runs)."""
-        if self._previous_excepthook is None:
-            self._previous_excepthook = sys.excepthook
-            sys.excepthook = self._excepthook
-
-    def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        if not isinstance(exc, KeyboardInterrupt):
-            try:
-                self.failed(exc)
-            except Exception:  # reporting must never hide the original error
-                log.exception("reporting the uncaught exception failed")
-        previous = self._previous_excepthook or sys.__excepthook__
-        previous(exc_type, exc, tb)
+        self._uncaught.install()
 
     def _injector(self, faults: list[FaultSpec]) -> FaultInjector:
         return FaultInjector(
@@ -547,55 +356,3 @@ class Run:
         if faults is None:
             faults = self.faults = self._injector([])
         faults.add_directives(directives)
-
-
-_current: Run | None = None
-_current_lock = threading.Lock()
-
-
-def init(
-    total_steps: int | None = None,
-    *,
-    interval_s: float = 0.5,
-    nvrx_heartbeats: bool = True,
-    store: dist.Store | None = None,
-    report_uncaught: bool = True,
-    environ: Mapping[str, str] | None = None,
-) -> Run:
-    """This process's run, made on the first call from the environment (later calls return the same
-    run, with `total_steps` updated when given).
-
-    total_steps      the job's length, for progress and ETA on the job's page
-    interval_s       seconds between heartbeats sent to the agent (the newest one each time)
-    nvrx_heartbeats  under ft_launcher, send its rank monitor the heartbeats its hang detection needs
-                     (turn off if the script sends them itself with NVRx's RankMonitorClient)
-    store            a torch.distributed Store all ranks share: failures say which rank failed first
-    report_uncaught  an exception that ends the script is reported as `rank_failed`
-    """
-    global _current
-    with _current_lock:
-        if _current is not None:
-            if total_steps is not None:
-                _current.total_steps = total_steps
-            if store is not None and _current.causes is None:
-                _current.share_failures(store)
-            return _current
-        run = Run(
-            Environment.read(environ),
-            total_steps=total_steps,
-            interval_s=interval_s,
-            nvrx_heartbeats=nvrx_heartbeats,
-            store=store,
-        )
-        if report_uncaught:
-            run.report_uncaught_exceptions()
-        atexit.register(run.finish, FAILURE_FLUSH_S)
-        _current = run
-    if not run.enabled:
-        log.debug("ftplane reporting is off (no %s or FTPLANE_URL): the SDK's reports are no-ops", SOCKET_ENV)
-    return run
-
-
-def current() -> Run | None:
-    """The run `init()` made in this process, if any (and not finished)."""
-    return _current

@@ -1,6 +1,6 @@
 """What reports an event: the small interface the fault injector and the checkpointer report through.
 
-`trainer.sdk.Run` implements it (through the node agent); a test passes anything with the same two
+`ftplane.trainer.sdk.Run` implements it (through the node agent); a test passes anything with the same two
 methods. Standard library only, and importing nothing else of the SDK, so that trainer/faults.py and
 trainer/checkpoint.py can name it without pulling the SDK in.
 """
@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ftplane.contract import EventType
+
 
 class EventSink(Protocol):
     def event(
         self,
-        type: str,
+        type: EventType,
         details: Mapping[str, Any] | None = None,
         *,
         step: int | None = None,

@@ -29,9 +29,9 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from trainer.sdk.run import Run
+from ftplane.trainer.sdk.run import Run
 
-log = logging.getLogger("trainer.sdk")
+log = logging.getLogger("ftplane.trainer.sdk")
 
 DETECTOR_MODULES = ("nvidia_resiliency_ext.attribution.straggler", "nvidia_resiliency_ext.straggler")
 
@@ -124,7 +124,7 @@ class StragglerDetection:
 def straggler_detection(run: Run | None = None, **options: Any) -> StragglerDetection:
     """The helper for `run` (default: this process's run, made from the environment if need be)."""
     if run is None:
-        from trainer.sdk.run import init
+        from ftplane.trainer.sdk.process_run import init
 
         run = init()
     return StragglerDetection(run, **options)

@@ -22,5 +22,5 @@ def get_backend(name: str) -> Backend:
             from workers.backends.kubernetes import KubernetesBackend
         except ImportError as exc:
             raise UnknownBackend("the kubernetes backend is not available in this build") from exc
-        return KubernetesBackend()  # type: ignore[call-arg]
+        return KubernetesBackend()
     raise UnknownBackend(f"no execution backend named {name!r}")

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 from api.schemas.causes import Cause
 from api.schemas.spec import JobSpec
 from api.services import lifecycle
+from ftplane import contract
+from workers.backends.checkpoint_storage import CheckpointPaths, on_shared_directory
 
 
 class AttemptPhase(StrEnum):
@@ -36,6 +38,8 @@ class LaunchRequest:
     token: str  # the job-scoped trainer token (a secret: never logged, never in a manifest)
     control_plane_url: str
     excluded_nodes: tuple[str, ...] = ()
+    # The fleet's quarantined nodes (api/services/node_reputation): no pod or process of the attempt goes there.
+    quarantined_nodes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -51,7 +55,9 @@ class ObservedEvent:
 
 
 @dataclass
-class AttemptStatus:
+class AttemptReading:
+    """What a backend reads of one attempt where it runs (not the API's `AttemptStatus`, kept by the lifecycle)."""
+
     phase: AttemptPhase
     cause: Cause | None = None  # why it failed (or, while running, the latest failure seen)
     in_job_restarts: int = 0  # restarts the in-pod launcher has made so far
@@ -74,7 +80,7 @@ class Backend(Protocol):
         """Start the attempt. Idempotent: launching an attempt that already exists is a no-op."""
         ...
 
-    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus: ...
+    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptReading: ...
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         """Tear the attempt down entirely. Idempotent."""
@@ -85,44 +91,56 @@ class Backend(Protocol):
         ...
 
 
-def trainer_environment(request: LaunchRequest) -> dict[str, str]:
+def trainer_environment(request: LaunchRequest, checkpoints: CheckpointPaths | None = None) -> dict[str, str]:
     """The variables every backend gives the trainer (its only configuration besides `command`).
 
     The token is deliberately absent: each backend passes it its own way
-    (process environment for local, a Secret reference on Kubernetes).
+    (process environment for local, a Secret reference on Kubernetes). `checkpoints`: where the job's
+    checkpoints are in its pods or processes (default: under `checkpoint.dir`, checkpoint_storage). The spec's
+    `env` is not among them but in FTPLANE_RANK_ENV (JSON), which the node agent gives the ranks only: the
+    agent itself runs with its own environment (a user's PYTHONPATH or LD_PRELOAD is the ranks' business).
     """
     spec = request.spec
     budgets = lifecycle.budgets(spec)
-    env = dict(spec.env)
+    env: dict[str, str] = {}
+    if spec.env:
+        env[contract.Env.RANK_ENV] = json.dumps(spec.env)
     env.update(
         {
-            "FTPLANE_URL": request.control_plane_url,
-            "FTPLANE_JOB_ID": request.job_id,
-            "FTPLANE_ATTEMPT": str(request.attempt),
-            "FTPLANE_CHECKPOINT_ENGINE": spec.checkpoint.engine,
-            "FTPLANE_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval_steps),
-            "FTPLANE_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
-            "FTPLANE_INPROCESS": "1" if budgets.inprocess else "0",
-            "FTPLANE_FAULTS": json.dumps([f.model_dump() for f in spec.faults]),
+            contract.Env.URL: request.control_plane_url,
+            contract.Env.JOB_ID: request.job_id,
+            contract.Env.ATTEMPT: str(request.attempt),
+            contract.Env.CHECKPOINT_ENGINE: spec.checkpoint.engine,
+            contract.Env.CHECKPOINT_INTERVAL: str(spec.checkpoint.interval_steps),
+            contract.Env.CHECKPOINT_KEEP: str(spec.checkpoint.keep),
+            contract.Env.INPROCESS: "1" if budgets.inprocess else "0",
+            contract.Env.FAULTS: json.dumps([f.model_dump() for f in spec.faults]),
         }
     )
     if budgets.inprocess:
         inprocess = spec.resiliency.inprocess
-        env["FTPLANE_INPROCESS_SOFT_TIMEOUT_S"] = str(inprocess.soft_timeout_s)
-        env["FTPLANE_INPROCESS_HARD_TIMEOUT_S"] = str(inprocess.hard_timeout_s)
-        env["FTPLANE_INPROCESS_MAX_ITERATIONS"] = str(budgets.inprocess)
-    if spec.checkpoint.dir:
-        env["FTPLANE_CHECKPOINT_DIR"] = spec.checkpoint.dir
+        env[contract.Env.INPROCESS_SOFT_TIMEOUT_S] = str(inprocess.soft_timeout_s)
+        env[contract.Env.INPROCESS_HARD_TIMEOUT_S] = str(inprocess.hard_timeout_s)
+        env[contract.Env.INPROCESS_MAX_ITERATIONS] = str(budgets.inprocess)
+    paths = checkpoints or on_shared_directory(spec, request.job_id)
+    if paths.directory:
+        env[contract.Env.CHECKPOINT_DIR] = paths.directory
+    if paths.resume_from:
+        env[contract.Env.CHECKPOINT_RESUME_FROM] = paths.resume_from
     return env
 
 
-def agent_environment(request: LaunchRequest) -> dict[str, str]:
+def agent_environment(request: LaunchRequest, checkpoints: CheckpointPaths | None = None) -> dict[str, str]:
     """What the node agent reads besides the trainer's variables (which it passes on to the ranks)."""
-    env = trainer_environment(request)
+    env = trainer_environment(request, checkpoints)
     progress = request.spec.progress
     if progress.log_pattern:
-        env["FTPLANE_LOG_PATTERN"] = progress.log_pattern
-    env["FTPLANE_REPORT_INTERVAL_S"] = str(request.spec.report_interval_s)
+        env[contract.Env.LOG_PATTERN] = progress.log_pattern
+    if progress.preset:
+        env[contract.Env.PROGRESS_PRESET] = progress.preset
+    env[contract.Env.REPORT_INTERVAL_S] = str(request.spec.report_interval_s)
+    if request.spec.secret_env:  # the agent redacts their values from every line that leaves the node
+        env[contract.Env.SECRET_ENV] = ",".join(sorted(request.spec.secret_env))
     return env
 
 

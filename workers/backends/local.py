@@ -6,9 +6,19 @@ multi-node behaviour (a node lost, a node blamed) runs for real on one machine. 
 reads how each ended, and stops them.
 
 State lives on disk under `FTPLANE_LOCAL_RUNS_DIR/<job>/a<attempt>/n<node>/`: `launch.json`
-(runner pid, start time), `output.log` (the agent's own log), `agent/` (its socket and the
-launcher's output, `agent/launcher.log`) and `exit_code`, written by the runner when the agent
-ends. A worker that restarts reads it back, so running jobs are re-adopted, not lost.
+(runner pid, start time), `output.log` (the agent's own log), `agent/` (its socket, the
+launcher's own lines in `agent/launcher.log` and each rank's in `agent/logs/`, read by the API's
+logs route: api/services/logs/node_files.py) and `exit_code`, written by the runner when the agent
+ends. A worker that restarts reads it back, so running jobs are re-adopted, not lost. The job's command
+runs in its `working_dir`, by default `FTPLANE_LOCAL_RUNS_DIR/<job>/work/` (never the server's own
+directory): what a framework writes beside it (Lightning's `lightning_logs/`) stays with the job, in one
+place across its restarts. The spec's `env` reaches the ranks only (FTPLANE_RANK_ENV, set by the agent).
+
+The spec's `secret_env` is honoured as on Kubernetes, where each entry is a container variable taken from a
+Secret and the agent redacts its value from every line (FTPLANE_SECRET_ENV names it). This machine has no
+Secrets: an entry's `key` names a variable of the environment the worker runs in (`ftplane serve`'s), whose
+value the agent and the ranks get under the entry's name; `secret` is not read here. A variable that is not
+set fails the launch, unless the entry is `optional`. The value never enters the database or `render`.
 
 Every node runs on this one machine: a node blamed for a fault is recorded (the lifecycle
 excludes it) but cannot be avoided here; the next attempt says so in its `submitted` event.
@@ -33,11 +43,11 @@ from pathlib import Path
 from api.core.config import get_settings
 from api.schemas.causes import Cause, CauseClass, describe_exit
 from api.schemas.spec import JobSpec
-from trainer.agent import exit_codes
-from trainer.agent.processes import descendants, process_start_time
+from ftplane import contract
+from ftplane.trainer.agent.processes import descendants, process_start_time
 from workers.backends.base import (
     AttemptPhase,
-    AttemptStatus,
+    AttemptReading,
     LaunchRequest,
     agent_environment,
     launcher_arguments,
@@ -54,6 +64,21 @@ def free_port() -> int:
 
 def node_name(index: int) -> str:
     return f"{socket.gethostname()}-n{index}"
+
+
+def secret_values(spec: JobSpec, host: Mapping[str, str]) -> dict[str, str]:
+    """The spec's `secret_env` here: each entry's value from the host variable its `key` names (see above)."""
+    values = {}
+    for name, ref in sorted(spec.secret_env.items()):
+        value = host.get(ref.key)
+        if value is not None:
+            values[name] = value
+        elif not ref.optional:
+            raise ValueError(
+                f"secret_env.{name}: on the local backend its value is the host variable {ref.key}, which is not set "
+                "where the worker runs; set it there, or mark the entry optional"
+            )
+    return values
 
 
 @dataclass(frozen=True)
@@ -124,10 +149,10 @@ def node_outcome(node: LocalNode, code: int) -> tuple[AttemptPhase, Cause | None
     """What one node's agent ending with `code` means (the runner records a signal as its negative)."""
     if code == 0:
         return AttemptPhase.succeeded, None
-    if code == exit_codes.NODE_UNHEALTHY:
+    if code == contract.NODE_UNHEALTHY:
         text = f"node {node.name} reported itself unhealthy (its agent's node_unhealthy event says why)"
         return AttemptPhase.failed, Cause(CauseClass.node, text, {"node": node.name, "exit_code": code})
-    if code == exit_codes.VERDICT:
+    if code == contract.VERDICT:
         text = f"ft_launcher on node {node.name} decided not to restart (exit {code}: no progress, or its attribution)"
         return AttemptPhase.failed, Cause(CauseClass.verdict, text, {"node": node.name, "exit_code": code})
     if code == -signal.SIGKILL:
@@ -147,6 +172,11 @@ class LocalBackend:
     def attempt_dir(self, job_id: str, attempt: int) -> Path:
         return self.runs_dir / job_id / f"a{attempt}"
 
+    def working_dir(self, job_id: str, spec: JobSpec) -> Path:
+        """Where the job's command runs: the spec's working_dir, else a directory of the job's own (every attempt
+        and restart of the job runs there, so what the framework writes next to it stays in one place)."""
+        return Path(spec.working_dir) if spec.working_dir else self.runs_dir / job_id / "work"
+
     def nodes(self, job_id: str, attempt: int, spec: JobSpec) -> list[LocalNode]:
         base = self.attempt_dir(job_id, attempt)
         return [LocalNode(base / f"n{i}", node_name(i)) for i in range(spec.nodes)]
@@ -161,17 +191,33 @@ class LocalBackend:
             log_dir=str(node.agent_dir / "ranks"),
             extra=[f"--rdzv-conf=is_host={'true' if index == 0 else 'false'}"],
         )
-        return [sys.executable, "-m", "trainer.agent", "--node", node.name, "--", *launcher]
+        return [sys.executable, "-P", "-m", "ftplane.trainer.agent", "--node", node.name, "--", *launcher]
+
+    def node_environment(self, request: LaunchRequest, node: LocalNode) -> dict[str, str]:
+        """What one node's agent is told (besides the host's own environment). The spec's `env` is for the ranks
+        only: the agent passes it on to them, and runs with its own."""
+        env = agent_environment(request)
+        env.update(
+            {
+                contract.Env.TOKEN: request.token,
+                contract.Env.NODE_NAME: node.name,
+                contract.Env.AGENT_DIR: str(node.agent_dir),
+                contract.Env.MASTER_ADDR: "127.0.0.1",
+            }
+        )
+        return env
 
     def render(self, request: LaunchRequest) -> str:
         nodes = self.nodes(request.job_id, request.attempt, request.spec)
         env = agent_environment(request)
-        env["FTPLANE_TOKEN"] = "<job token>"
+        env[contract.Env.TOKEN] = "<job token>"
         lines = [
             f"# job {request.job_id} attempt {request.attempt}: {len(nodes)} node agent(s) on this host, "
-            "each starting its own ft_launcher"
+            "each starting its own ft_launcher",
+            f"cd {shlex.quote(str(self.working_dir(request.job_id, request.spec)))}",
         ]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        lines += [f'export {name}="${{{ref.key}}}"' for name, ref in sorted(request.spec.secret_env.items())]
         lines += [shlex.join(self.command(request, node, i, port=29500)) for i, node in enumerate(nodes)]
         return "\n".join(lines) + "\n"
 
@@ -182,30 +228,30 @@ class LocalBackend:
         bin_dir = str(Path(sys.executable).parent)
         if shutil.which("ft_launcher", path=bin_dir + os.pathsep + os.environ.get("PATH", "")) is None:
             raise RuntimeError("ft_launcher not found: install ftplane with the [trainer] extra")
+        secrets = secret_values(request.spec, os.environ)
+        workdir = self.working_dir(request.job_id, request.spec)
+        workdir.mkdir(parents=True, exist_ok=True)
         if request.spec.checkpoint.dir:
-            Path(request.spec.checkpoint.dir).mkdir(parents=True, exist_ok=True)
+            (workdir / request.spec.checkpoint.dir).mkdir(parents=True, exist_ok=True)
         for index, node in enumerate(nodes):
             if node.launched() is not None or self._adopt(node):
                 continue
             node.path.mkdir(parents=True, exist_ok=True)
             env = dict(os.environ)
-            env.update(agent_environment(request))
+            env.update(self.node_environment(request, node))
+            env.update(secrets)
             env.update(
                 {
-                    "FTPLANE_TOKEN": request.token,
-                    "FTPLANE_NODE_NAME": node.name,
-                    "FTPLANE_AGENT_DIR": str(node.agent_dir),
-                    "FTPLANE_MASTER_ADDR": "127.0.0.1",
                     "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
                     "PYTHONUNBUFFERED": "1",
                 }
             )
             command = self.command(request, node, index, port)
-            runner = [sys.executable, "-m", "workers.backends.local_runner", str(node.path), "--", *command]
+            runner = [sys.executable, "-P", "-m", "workers.backends.local_runner", str(node.path), "--", *command]
             process = subprocess.Popen(
                 runner,
                 env=env,
-                cwd=os.getcwd(),
+                cwd=workdir,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -239,10 +285,10 @@ class LocalBackend:
         _write_record(node, record)
         return True
 
-    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
+    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptReading:
         nodes = self.nodes(job_id, attempt, spec)
         if all(node.launched() is None for node in nodes):
-            return AttemptStatus(
+            return AttemptReading(
                 AttemptPhase.missing, cause=Cause(CauseClass.unknown, "no launch record for this attempt on this host")
             )
         failures: list[tuple[LocalNode, Cause]] = []
@@ -265,10 +311,10 @@ class LocalBackend:
             blamed = [f for f in failures if f[1].cause_class in (CauseClass.node, CauseClass.verdict)]
             node, cause = (blamed or failures)[0]
             failed_nodes = tuple(n.name for n, c in failures if c.cause_class == CauseClass.node)
-            return AttemptStatus(AttemptPhase.failed, cause=cause, failed_nodes=failed_nodes)
+            return AttemptReading(AttemptPhase.failed, cause=cause, failed_nodes=failed_nodes)
         if running:
-            return AttemptStatus(AttemptPhase.running)
-        return AttemptStatus(AttemptPhase.succeeded)
+            return AttemptReading(AttemptPhase.running)
+        return AttemptReading(AttemptPhase.succeeded)
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         """Stop every node's agent (each stops its launcher and ranks), then kill what is left."""

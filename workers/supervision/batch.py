@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable
 
 from sqlalchemy.orm import Session
 
+from api import models
 from api.database.tables import Job
-from api.models import jobs as job_store
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ def for_each_job(session: Session, job_ids: Iterable[str], act: Callable[[Sessio
     done = 0
     for job_id in job_ids:
         try:
-            job = job_store.get(session, job_id, for_update=True)
+            job = models.jobs.get(session, job_id, for_update=True)
             if job is not None:
                 act(session, job)
                 done += 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from api import models
 from api.database.tables import Job
-from api.models import jobs as job_store
 from api.schemas.causes import Cause, CauseClass
 from api.services import lifecycle
 from workers import backends
@@ -15,7 +15,7 @@ CANCELLED_BY_REQUEST = Cause(CauseClass.cancelled, "cancelled by request")
 
 
 def run_once(session: Session) -> int:
-    return for_each_job(session, job_store.to_cancel(session), cancel_job, "cancel")
+    return for_each_job(session, models.jobs.to_cancel(session), cancel_job, "cancel")
 
 
 def cancel(session: Session, job_id: str) -> None:

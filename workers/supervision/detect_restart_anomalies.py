@@ -13,16 +13,17 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from api import models
 from api.database.tables import Job
-from api.models import jobs as job_store
-from api.services import anomalies, lifecycle, reporting
+from api.services import anomalies, lifecycle
+from api.services.ingest import reporting
 from api.services.lifecycle import AttemptStatus
 from workers.supervision.batch import for_each_job
 
 
 def run_once(session: Session, now: datetime | None = None) -> int:
     # active jobs not being cancelled, whatever their current attempt is doing (a stuck recovery is pending)
-    active = job_store.with_current_attempt_in(session, [s.value for s in AttemptStatus])
+    active = models.jobs.with_current_attempt_in(session, [s.value for s in AttemptStatus])
     return for_each_job(session, active, lambda s, job: check(s, job, now), "detect restart anomalies")
 
 

@@ -26,15 +26,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from api.core import queue
+from api import models
 from api.database.tables import Attempt, Job, RankLiveness
-from api.models import events as event_store
-from api.models import jobs as job_store
-from api.models import liveness, nodes
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
-from api.services import lifecycle, notifications, progress, reporting
+from api.services import lifecycle, progress
+from api.services.ingest import reporting
 from api.services.lifecycle import AttemptStatus
 from workers.supervision.batch import for_each_job
 
@@ -55,7 +53,7 @@ class Silence:
 
 
 def run_once(session: Session) -> int:
-    return for_each_job(session, job_store.with_current_attempt_in(session, [AttemptStatus.RUNNING]), check, "detect")
+    return for_each_job(session, models.jobs.with_current_attempt_in(session, [AttemptStatus.RUNNING]), check, "detect")
 
 
 def check(session: Session, job: Job) -> None:
@@ -69,19 +67,17 @@ def check(session: Session, job: Job) -> None:
         return
     text = f"hang not recovered in-job: {silence.cause}" if silence.cause_class == CauseClass.hang else silence.cause
     cause = Cause(silence.cause_class, text, {"silent_s": silence.silent_s})
-    decision = lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause, silence.nodes))
-    if not decision.gives_up:  # the launch duty would find it too; this saves waiting for its pass
-        notifications.after_commit(session, lambda: queue.send(queue.SUBMIT_JOB, job.id))
+    lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause, silence.nodes))
 
 
 def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:
     now = utcnow()
     timeout = spec.resiliency.heartbeat_timeout_s
-    if not liveness.has_attempt(session, job.id, job.attempt):
+    if not models.liveness.has_attempt(session, job.id, job.attempt):
         if not progress.reports_rank_progress(session, job, spec):
             return detect_silent_nodes(session, job, attempt, spec)
         return _never_heard(session, job, attempt, spec, "no heartbeat from any rank")
-    restarting_since = event_store.latest_ts(session, job.id, job.attempt, RESTART_MARKERS)
+    restarting_since = models.events.latest_ts(session, job.id, job.attempt, RESTART_MARKERS)
 
     def restarting(rank: RankLiveness) -> bool:
         return restarting_since is not None and restarting_since > rank.last_seen
@@ -99,12 +95,12 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     # Only ranks quiet for the shorter of the two timeouts can be silent: read those alone (a 16k-rank job's
     # rows are not loaded every pass), and skip the silences already recorded (their keys are stored).
     shortest = min(timeout, spec.resiliency.initial_heartbeat_timeout_s)
-    quiet_ranks = liveness.stale_ranks(session, job.id, job.attempt, now - timedelta(seconds=shortest))
+    quiet_ranks = models.liveness.stale_ranks(session, job.id, job.attempt, now - timedelta(seconds=shortest))
     silent = [r for r in quiet_ranks if deadline(r) < now]
     hung_then_restarted = [r for r in quiet_ranks if deadline(r) >= now and restarting(r) and hung_before_restart(r)]
     if not silent and not hung_then_restarted:
         return None
-    recorded = event_store.keys_of_type(session, job.id, job.attempt, EventType.hang_detected.value)
+    recorded = models.events.keys_of_type(session, job.id, job.attempt, EventType.hang_detected.value)
     events = []
     worst = 0.0
     overdue = 0.0
@@ -148,13 +144,13 @@ def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobS
     agent is silent, the control plane or the network is the likelier cause; the backend sees a node that is gone.)"""
     now = utcnow()
     timeout = spec.resiliency.heartbeat_timeout_s
-    rows = nodes.of_attempt(session, job.id, job.attempt)
+    rows = models.nodes.of_attempt(session, job.id, job.attempt)
     if not rows:
         return _never_heard(session, job, attempt, spec, "no report from any node agent")
     silent = [row for row in rows if (now - row.last_seen).total_seconds() > timeout]
     if not silent or len(silent) == len(rows):
         return None
-    recorded = event_store.keys_of_type(session, job.id, job.attempt, EventType.heartbeat_lost.value)
+    recorded = models.events.keys_of_type(session, job.id, job.attempt, EventType.heartbeat_lost.value)
     events = []
     for row in silent:
         quiet = round((now - row.last_seen).total_seconds(), 3)

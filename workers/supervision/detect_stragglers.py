@@ -24,13 +24,13 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from api.core import queue
+from api import models
 from api.database.tables import Attempt, Job
-from api.models import jobs as job_store
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import utcnow
 from api.schemas.spec import JobSpec
-from api.services import lifecycle, notifications, reporting, stragglers
+from api.services import lifecycle, stragglers
+from api.services.ingest import reporting
 from api.services.lifecycle import AttemptStatus, JobStatus
 from api.services.stragglers.window import jobs_watched, not_excluded, note_decision
 from workers.supervision.batch import for_each_job
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def run_once(session: Session, now: datetime | None = None) -> int:
-    running = job_store.with_current_attempt_in(session, [AttemptStatus.RUNNING])
+    running = models.jobs.with_current_attempt_in(session, [AttemptStatus.RUNNING])
     done = for_each_job(session, running, lambda s, job: check(s, job, now), "detect stragglers")
     ended = [job_id for job_id in jobs_watched(session) if job_id not in set(running)]
     for_each_job(session, ended, lambda s, job: close_ended(s, job, now), "detect stragglers")
@@ -95,5 +95,3 @@ def exclude(
     reporting.record_events(session, job, closing)
     decision = lifecycle.attempt_failed(session, job, attempt, failure)
     log.warning("job %s: %s -> %s", job.id, cause.message, decision.rung.name if decision.rung else "gives up")
-    if not decision.gives_up:  # the launch duty would find it too; this saves waiting for its pass
-        notifications.after_commit(session, lambda: queue.send(queue.SUBMIT_JOB, job.id))

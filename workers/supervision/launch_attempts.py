@@ -11,14 +11,14 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
+from api import models
 from api.core.config import get_settings
 from api.core.killpoints import kill_point
 from api.database.tables import Job
-from api.models import jobs as job_store
-from api.models import tokens
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import utcnow
-from api.services import lifecycle
+from api.schemas.fleet_nodes import fleet_name
+from api.services import lifecycle, node_reputation, quotas
 from api.services.lifecycle import AttemptStatus, JobStatus
 from workers import backends
 from workers.backends.base import LaunchRequest
@@ -33,7 +33,7 @@ LAUNCH_RETRY_WINDOW = timedelta(minutes=15)
 
 
 def run_once(session: Session) -> int:
-    return for_each_job(session, job_store.to_launch(session, utcnow() - SUBMIT_GRACE), launch_job, "launch")
+    return for_each_job(session, models.jobs.to_launch(session, utcnow() - SUBMIT_GRACE), launch_job, "launch")
 
 
 def launch(session: Session, job_id: str) -> None:
@@ -48,6 +48,12 @@ def launch_job(session: Session, job: Job) -> None:
     attempt = lifecycle.current_attempt(session, job)
     if attempt.status != AttemptStatus.PENDING:
         return
+    if job.attempt == 0:  # a restarted job was admitted with its first attempt and keeps its place
+        waiting = quotas.admit(session, job)
+        if waiting is not None:
+            lifecycle.launch_waits(session, job, attempt, waiting)
+            return
+        lifecycle.launch_admitted(session, job, attempt)
     spec = lifecycle.spec_of(job)
     try:
         backend = backends.get_backend(job.backend)
@@ -58,7 +64,7 @@ def launch_job(session: Session, job: Job) -> None:
         backend.cancel(job.id, job.attempt - 1, spec)
     # The token is committed before the launch, so a process started by a launch whose
     # bookkeeping is lost to a crash still holds a valid token.
-    _, token = tokens.create_trainer(session, job.id, name=f"trainer:{job.name}:a{job.attempt}")
+    _, token = models.tokens.create_trainer(session, job.id, name=f"trainer:{job.name}:a{job.attempt}")
     session.commit()
     request = LaunchRequest(
         job_id=job.id,
@@ -67,6 +73,7 @@ def launch_job(session: Session, job: Job) -> None:
         token=token,
         control_plane_url=get_settings().resolved_public_url,
         excluded_nodes=tuple(job.excluded_nodes),
+        quarantined_nodes=node_reputation.quarantined_nodes(session),
     )
     try:
         backend.launch(request)
@@ -81,10 +88,28 @@ def launch_job(session: Session, job: Job) -> None:
         lifecycle.fail(session, job, attempt, cause)
         return
     kill_point("launch.started", job=job.id, attempt=job.attempt)  # test-only: off unless set
-    note = None
-    if job.excluded_nodes and not getattr(backend, "can_exclude_nodes", True):
-        note = (
+    lifecycle.attempt_launched(session, job, attempt, note=_unavoided(job, backend, request))
+
+
+def _unavoided(job: Job, backend: object, request: LaunchRequest) -> str | None:
+    """What the attempt's `submitted` says of the nodes it should avoid but its backend cannot (local: every node
+    runs on this machine): the job's excluded nodes, and the quarantined ones among those it runs on."""
+    if getattr(backend, "can_exclude_nodes", True):
+        return None
+    quarantined = request.quarantined_nodes
+    its_nodes = getattr(backend, "nodes", None)
+    if callable(its_nodes):
+        used = {fleet_name(n.name) for n in its_nodes(job.id, job.attempt, request.spec)}
+        quarantined = tuple(q for q in quarantined if q in used)
+    notes = []
+    if job.excluded_nodes:
+        notes.append(
             f"the {job.backend} backend cannot avoid the excluded node(s) {', '.join(job.excluded_nodes)}: "
             "the blame is recorded, the attempt runs where the backend can run it"
         )
-    lifecycle.attempt_launched(session, job, attempt, note=note)
+    if quarantined:
+        notes.append(
+            f"the {job.backend} backend cannot avoid the quarantined node(s) {', '.join(quarantined)}: "
+            "the quarantine is recorded, the attempt runs where the backend can run it"
+        )
+    return "; ".join(notes) or None

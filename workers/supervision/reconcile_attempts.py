@@ -6,34 +6,40 @@ Kubernetes API retried for many seconds) delays only its own job, whose result i
 later pass. Each result is then applied under the job's row lock, if the job is still on the
 attempt that was read: what the backend saw is recorded (rank failures, in-job restarts and their
 causes), and an attempt that is over ends through the lifecycle (success, or the next rung).
+
+A node the backend has lost touch with (its kubelet NotReady or unreachable, its pods' phase Unknown) whose node
+agent still reports to ftplane is alive: its containers are training. Its attempt does not end for that while the
+agent's newest report is fresher than AGENT_VOUCHES_INTERVALS report intervals.
 """
 
 from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
+from api import models
 from api.core.killpoints import kill_point
-from api.database.tables import Attempt, Job, RankLiveness
-from api.models import events as event_store
-from api.models import jobs as job_store
+from api.database.tables import Attempt, Job, NodeLiveness, RankLiveness
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType
 from api.schemas.spec import JobSpec
-from api.services import lifecycle, reporting
+from api.services import lifecycle
+from api.services.ingest import reporting
 from api.services.lifecycle import AttemptStatus, JobStatus
+from ftplane import contract
 from workers import backends
-from workers.backends.base import AttemptPhase
-from workers.backends.base import AttemptStatus as BackendView
-from workers.supervision import launch_attempts
+from workers.backends.base import AttemptPhase, AttemptReading
 from workers.supervision.batch import for_each_job
 
 log = logging.getLogger(__name__)
 
 READ_WAIT_S = 1.0
 READ_THREADS = 8
+AGENT_VOUCHES_INTERVALS = 3
+LOST_TOUCH = frozenset({"NodeUnreachable", "NodeNotReady", "NodeLost"})  # the backend's reasons for a node it lost
 
 Target = tuple[str, int]  # (job id, attempt number)
 
@@ -43,7 +49,7 @@ class BackendReads:
 
     def __init__(self, threads: int = READ_THREADS) -> None:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="backend-read")
-        self._in_flight: dict[Target, Future[BackendView]] = {}
+        self._in_flight: dict[Target, Future[AttemptReading]] = {}
 
     def start(self, target: Target, backend_name: str, spec: JobSpec) -> None:
         if target not in self._in_flight:
@@ -51,10 +57,10 @@ class BackendReads:
             backend = backends.get_backend(backend_name)
             self._in_flight[target] = self._pool.submit(backend.status, job_id, attempt, spec)
 
-    def collect(self, timeout: float) -> dict[Target, BackendView]:
+    def collect(self, timeout: float) -> dict[Target, AttemptReading]:
         """Wait up to `timeout` for the reads in flight; returns those that finished (and forgets them)."""
         wait(list(self._in_flight.values()), timeout=timeout)
-        done: dict[Target, BackendView] = {}
+        done: dict[Target, AttemptReading] = {}
         for target, future in list(self._in_flight.items()):
             if not future.done():
                 continue
@@ -73,33 +79,36 @@ READS = BackendReads()
 
 
 def run_once(session: Session, reads: BackendReads = READS, wait_s: float = READ_WAIT_S) -> int:
-    job_ids = job_store.with_current_attempt_in(session, [AttemptStatus.LAUNCHED, AttemptStatus.RUNNING])
+    job_ids = models.jobs.with_current_attempt_in(session, [AttemptStatus.LAUNCHED, AttemptStatus.RUNNING])
     for job_id in job_ids:
-        job = job_store.get(session, job_id)
+        job = models.jobs.get(session, job_id)
         if job is not None:
             reads.start((job.id, job.attempt), job.backend, lifecycle.spec_of(job))
     session.commit()  # no transaction stays open while the reads run
     results = reads.collect(wait_s)
-    restarted: list[str] = []
 
     def apply(session: Session, job: Job) -> None:
         view = results.get((job.id, job.attempt))  # None: the job moved on to another attempt meanwhile
-        if view is not None and _apply(session, job, view):
-            restarted.append(job.id)
+        if view is not None:
+            _apply(session, job, view)
 
-    applied = for_each_job(session, [job_id for job_id, _ in results], apply, "reconcile")
-    for job_id in restarted:  # launch the next attempt now rather than on the launch duty's next pass
-        launch_attempts.launch(session, job_id)
-    return applied
+    return for_each_job(session, [job_id for job_id, _ in results], apply, "reconcile")
 
 
-def _apply(session: Session, job: Job, view: BackendView) -> bool:
-    """Record what the backend saw of the job's current attempt and act on its phase; True when restarted."""
+def _apply(session: Session, job: Job, view: AttemptReading) -> None:
+    """Record what the backend saw of the job's current attempt and act on its phase (a failure climbs the
+    ladder: lifecycle.attempt_failed hands a job restart's launch on)."""
     if JobStatus(job.status) in lifecycle.TERMINAL or job.cancel_requested:
-        return False
+        return
     attempt = lifecycle.current_attempt(session, job)
     if attempt.status not in (AttemptStatus.LAUNCHED, AttemptStatus.RUNNING):
-        return False
+        return
+    if view.phase == AttemptPhase.failed and view.cause is not None and _agent_vouches(session, job, view.cause):
+        node = view.cause.facts.get("node")
+        attempt.cause = f"{view.cause.message}; its node agent still reports, so its pods are taken to be training"
+        view.events = [e for e in view.events if e.node != node]  # nothing of its loss is recorded
+        _record_observations(session, job, attempt, view)
+        return
     _record_observations(session, job, attempt, view)
     if view.phase == AttemptPhase.running:
         lifecycle.attempt_running(attempt)
@@ -120,13 +129,24 @@ def _apply(session: Session, job: Job, view: BackendView) -> bool:
         )
         cause = _explained(session, job, cause)
         # A node its agent reported unhealthy or lost is blamed, whatever the backend saw of its end.
-        blamed = event_store.nodes_named(
+        blamed = models.events.nodes_named(
             session, job.id, job.attempt, [EventType.node_unhealthy, EventType.node_failed]
         )
         failure = lifecycle.Failure(cause, tuple(dict.fromkeys([*view.failed_nodes, *blamed])))
-        decision = lifecycle.attempt_failed(session, job, attempt, failure)
-        return not decision.gives_up
-    return False
+        lifecycle.attempt_failed(session, job, attempt, failure)
+
+
+def _agent_vouches(session: Session, job: Job, cause: Cause) -> bool:
+    """Whether the node the backend lost touch with still reports through its agent (see the module's docstring)."""
+    node = cause.facts.get("node")
+    if cause.facts.get("reason") not in LOST_TOUCH or not node:
+        return False
+    row = session.get(NodeLiveness, (job.id, str(node)))
+    if row is None or row.attempt != job.attempt:
+        return False
+    seen = row.last_seen if row.last_seen.tzinfo else row.last_seen.replace(tzinfo=UTC)
+    fresh_s = AGENT_VOUCHES_INTERVALS * lifecycle.spec_of(job).report_interval_s
+    return (datetime.now(UTC) - seen).total_seconds() <= fresh_s
 
 
 def _explained(session: Session, job: Job, cause: Cause) -> Cause:
@@ -148,25 +168,28 @@ def _explained(session: Session, job: Job, cause: Cause) -> Cause:
 
 def _last_round_cause(session: Session, job: Job) -> Cause | None:
     """The root cause among the rank failures since the last in-job restart (the round that ended the launcher):
-    a rank killed for silence, else one killed by a signal, else the first; the rest are collateral."""
-    since = event_store.latest_ts(session, job.id, job.attempt, [EventType.injob_restart])
+    as `contract.root_cause` picks it; the rest are collateral."""
+    since = models.events.latest_ts(session, job.id, job.attempt, [EventType.injob_restart])
     failed = [
         e
-        for e in event_store.of_job(session, job.id, types=[EventType.rank_failed.value])
+        for e in models.events.of_job(session, job.id, types=[EventType.rank_failed.value])
         if e.attempt == job.attempt and (since is None or e.ts >= since) and e.details.get("cause")
     ]
-    if not failed:
-        last = event_store.latest(session, job.id, job.attempt, [EventType.injob_restart])
+    root = contract.root_cause(
+        failed,
+        hung=lambda e: e.details.get("cause_class") == CauseClass.hang,
+        signal=lambda e: e.details.get("signal"),
+        consequence=lambda e: e.details.get("consequence") is True,
+    )
+    if root is None:
+        last = models.events.latest(session, job.id, job.attempt, [EventType.injob_restart])
         return Cause.of(last.details) if last is not None and last.details.get("cause") else None
-    hung = [e for e in failed if e.details.get("cause_class") == CauseClass.hang]
-    signalled = [e for e in failed if e.details.get("signal")]
-    root = (hung or signalled or failed)[0]
     cause = Cause.of(root.details)
     who = f"rank {root.rank}" if root.rank is not None else "a rank"
     return cause.with_message(f"{who} {cause.message}")
 
 
-def _record_observations(session: Session, job: Job, attempt: Attempt, view: BackendView) -> None:
+def _record_observations(session: Session, job: Job, attempt: Attempt, view: AttemptReading) -> None:
     events = []
     for seen in view.events:
         step = None
@@ -183,21 +206,20 @@ def _record_observations(session: Session, job: Job, attempt: Attempt, view: Bac
                 details=seen.details,
             )
         )
-    for n in range(attempt.in_job_restarts + 1, view.in_job_restarts + 1):
-        failed_step = lifecycle.note_failure(session, job, attempt)
+    for restart in lifecycle.in_job_restarts_seen(session, job, attempt, view.in_job_restarts):
+        n, step = restart.number, restart.failed_step
         known = view.restart_causes[n - 1] if n <= len(view.restart_causes) else None
         cause = known or view.cause or Cause(CauseClass.unknown, "worker group failed")
         events.append(
             EventIn(
                 # The trainer reports the same restart under the same key: it is stored once.
-                key=f"injob_restart:{job.id}:{job.attempt}:{n}",
+                key=contract.injob_restart_key(job.id, job.attempt, n),
                 type=EventType.injob_restart,
                 attempt=job.attempt,
-                step=failed_step,
-                details={**cause.details(), "restart_count": n, "failed_step": failed_step, "source": "launcher"},
+                step=step,
+                details={**cause.details(), "restart_count": n, "failed_step": step, "source": "launcher"},
             )
         )
-    attempt.in_job_restarts = max(attempt.in_job_restarts, view.in_job_restarts)
     reporting.record_events(session, job, events)
 
 

@@ -14,9 +14,8 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
+from api import models
 from api.database.tables import Job
-from api.models import jobs as job_store
-from api.models import tokens
 from api.schemas.events import utcnow
 from api.services import lifecycle
 from api.services.lifecycle import JobStatus
@@ -29,13 +28,13 @@ RELEASE_RETRY_WINDOW = timedelta(hours=1)
 
 
 def run_once(session: Session) -> int:
-    return for_each_job(session, job_store.to_release(session), release, "release")
+    return for_each_job(session, models.jobs.to_release(session), release, "release")
 
 
 def release(session: Session, job: Job) -> None:
     if job.status not in lifecycle.TERMINAL or job.released_at is not None:
         return
-    tokens.revoke_job_tokens(session, job.id)
+    models.tokens.revoke_job_tokens(session, job.id)
     spec = lifecycle.spec_of(job)
     try:
         backend = backends.get_backend(job.backend)

@@ -1,7 +1,7 @@
 """Goodput: where a job's wall time went, computed from its events alone.
 
-Modules: records (reading the events), accounting (runs, failures, buckets), attempts (the split per
-attempt), advice (the checkpoint interval). The rules they implement:
+Modules: records (reading the events), windows (runs and failures), accounting (the buckets), attempts
+(the split per attempt), advice (the checkpoint interval). The rules they implement:
 
 Wall time
     From the launch of attempt 0 (its `submitted` event; the earliest event if there is none) to the
@@ -10,11 +10,16 @@ Wall time
 
 Runs
     A run is one start of the training loop: the `running` events of one (attempt, restart_count,
-    iteration) — every rank sends one when its loop starts or resumes. A run starts when the last of
-    its ranks reported (the loop's first collective waits for all of them). A run's window lasts
-    until the next run starts, or until the end of wall time. The node agent says `running` for
-    ranks that do not (details.source "agent": a zero-code job's, at the step its logs show, else 0);
-    where any rank of the run said it itself, the agent's word is left out.
+    iteration). Where a run's productive time starts, best first (the run's `basis`, listed in `runs`):
+      * sdk: every rank's SDK says `running` when its loop starts or resumes, at its step; the run starts
+        when the last of its ranks reported (the loop's first collective waits for all of them);
+      * progress: the node agent read the run's start in the ranks' output (a preset's resume line, or
+        the first step read: details.basis "progress"), with the step it resumed from where the output
+        says it, else none;
+      * processes: the node agent saw the run's rank processes up (details.basis "processes", no step):
+        a zero-code job without progress, whose start-up then counts as productive.
+    A run's window lasts until the next run starts, or until the end of wall time. (The job's status
+    follows the ranks' liveness, not this: the agent's first `running` of a run moves it to RUNNING.)
 
 Failures
     Inside a window (and before the first run: the start-up window) the first sign of trouble ends
@@ -43,16 +48,20 @@ Buckets (they partition wall time exactly; every second is in exactly one)
     recompute         inside a run's training time (stalls excluded): its first
                       (H - start_step) x step_time seconds, where H is the highest step the events
                       show reached before the run started (fault/failure/hang steps, failed_step
-                      of restarts, checkpoint steps): steps redone after resuming from an older
-                      checkpoint
+                      of restarts, checkpoint steps; for a zero-code job the agent's, from the
+                      ranks' output): steps redone after resuming from an older checkpoint. A run
+                      after the first whose start step nobody said: none counted, and
+                      `recomputed_steps` is null (ftplane cannot tell)
     queued            carved out of initialization and restart: an attempt waiting in a queue (Kueue), from
                       its `queued` event (details.queue_state "waiting") to its admission (a `queued` event
                       with queue_state "admitted"), else to the next run's start, job restart or the job's
                       end; nothing of the job runs meanwhile, and it is the queue's time, not a fault's
                       (the advice's restart cost leaves it out)
     shutdown          a succeeded job's tail: from the end of its last run's final checkpoint
-                      blocking (the trainer always saves the final state) to `succeeded`; without
-                      a checkpoint in the last run, the tail stays productive
+                      blocking, and of the steps after it (to the `succeeded` event's final_step,
+                      the highest its ranks reported, at the measured step time), to `succeeded`;
+                      without a checkpoint in the last run, or where the steps after it are not
+                      known, the tail stays productive
     productive        the rest of every run's training time
     Training time of a run = its start → its onset (or the window's end). ETTR = productive / wall.
 
@@ -63,8 +72,9 @@ Per attempt
 
 Step time
     Seconds per step, stalls excluded, from each run's progress points: (run start, start_step),
-    (save start, checkpoint step), (onset, step of the fault or silence). Over all runs: the sum of
-    each run's time to its furthest point over the sum of its steps.
+    (save start, checkpoint step), (onset, step of the fault or silence; a launcher-observed failure
+    at its details.step_at, when the agent read its last step). Over all runs with a start step: the
+    sum of each run's time to its furthest point over the sum of its steps.
 
 Launcher phases (inside initialization and restart, where NVRx 0.5+ times its cycles): launcher_phases.py.
 

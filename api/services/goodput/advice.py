@@ -6,7 +6,9 @@ Advice (Young/Daly, first order)
     (tau*/step_time steps). For an interval tau the lost fraction is C/tau + tau/(2M) + R/M, plus the
     share of wall time stragglers cost so far (S/wall: no interval changes it, but the predicted ETTR
     is then one the job can reach), and the predicted ETTR is 1 minus that. The job's current interval
-    is spec.checkpoint.interval_steps x step_time.
+    is the one its reported checkpoints show (the median step gap between them, whatever the spec's
+    engine: a framework or the job's own code may save), else spec.checkpoint.interval_steps, times
+    step_time.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def advise(
     step_time: float | None,
     interval_steps: int | None,
     straggler_s: float = 0.0,
+    interval_measured: bool = False,
 ) -> Advice:
     c = statistics.median(blocking) if blocking else None
     m = wall / failures if failures >= MIN_FAILURES and wall > 0 else None
@@ -71,7 +74,9 @@ def advise(
             notes.append("saves do not block training (C = 0): any interval costs nothing to checkpoint")
     current = None
     if interval_steps is None:
-        notes.append("checkpointing is off in the job's spec")
+        notes.append(
+            "no checkpoint interval: fewer than two checkpoints reported, and checkpointing is off in the spec"
+        )
     elif step_time:
         current = predict(interval_steps * step_time)
     if not notes:
@@ -87,5 +92,6 @@ def advise(
         straggler_s=round(straggler_s, 3),
         optimal=optimal,
         current=current,
+        current_from="reported checkpoints" if interval_measured else ("spec" if interval_steps else None),
         note="; ".join(notes),
     )

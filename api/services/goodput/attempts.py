@@ -27,7 +27,7 @@ def split(
     failures_at: Sequence[float],
 ) -> tuple[Breakdown, list[AttemptGoodput]]:
     """The job's breakdown and each attempt's; `failures_at`: when each failure was detected (or began)."""
-    attempt_ids, edges = _edges(recs, t, wall)
+    attempt_ids, edges = attempt_edges(recs, t, wall)
     total: dict[str, float] = defaultdict(float)
     per_attempt: list[dict[str, float]] = [defaultdict(float) for _ in attempt_ids]
     for b, e, bucket in intervals:
@@ -56,7 +56,7 @@ def split(
     return breakdown(wall, total), attempts
 
 
-def _edges(recs: Sequence[Record], t: Clock, wall: float) -> tuple[list[int], list[float]]:
+def attempt_edges(recs: Sequence[Record], t: Clock, wall: float) -> tuple[list[int], list[float]]:
     """The attempts and their boundaries: attempt a > 0 starts at the job_restart that created it (else at its
     earliest event), attempt 0 at the wall start; the last edge is the end of wall time."""
     bounds: dict[int, float] = {0: 0.0}

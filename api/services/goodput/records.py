@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session
 
 from api.database.tables import Event
 from api.schemas.events import EventType
+from api.schemas.rungs import RESTART_TYPES
 
 TERMINAL_TYPES = frozenset({EventType.succeeded, EventType.failed, EventType.cancelled})
 SILENCE_TYPES = frozenset({EventType.hang_detected, EventType.heartbeat_lost})
-RESTART_TYPES = frozenset({EventType.inprocess_restart, EventType.injob_restart, EventType.job_restart})
 FAILURE_TYPES = frozenset({EventType.rank_failed, EventType.node_failed, EventType.preempted})
 # Events whose step was current at their (onset) time.
 PROGRESS_TYPES = FAILURE_TYPES | SILENCE_TYPES | {EventType.fault_injected}
@@ -82,15 +82,18 @@ def load_records(session: Session, job_id: str) -> list[Record]:
     restart_count = Event.details["restart_count"].as_integer()
     iteration = Event.details["iteration"].as_integer()
     source = Event.details["source"].as_string()  # "agent": said by the node agent for ranks that did not
+    basis = Event.details["basis"].as_string()  # the agent's: "processes" (ranks up) or "progress" (their output)
     runs = session.execute(
-        select(Event.attempt, restart_count, iteration, source, func.max(Event.ts), func.min(Event.step))
+        select(Event.attempt, restart_count, iteration, source, basis, func.max(Event.ts), func.min(Event.step))
         .where(Event.job_id == job_id, Event.type == EventType.running.value)
-        .group_by(Event.attempt, restart_count, iteration, source)
+        .group_by(Event.attempt, restart_count, iteration, source, basis)
     ).all()
-    for attempt, rc, it, said_by, ts, step in runs:
-        details = {"restart_count": rc or 0, "iteration": it or 0, "start_step": step or 0}
+    for attempt, rc, it, said_by, on, ts, step in runs:
+        details: dict[str, Any] = {"restart_count": rc or 0, "iteration": it or 0, "start_step": step}
         if said_by is not None:
             details["source"] = said_by
+        if on is not None:
+            details["basis"] = on
         records.append(Record(EventType.running.value, _aware(ts), attempt, step, details))
     return records
 

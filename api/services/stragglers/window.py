@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
@@ -29,8 +29,11 @@ from sqlalchemy.orm.attributes import flag_modified
 from api.database.tables import Job, JobWatch, RankLiveness, StragglerSample
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType, utcnow
-from api.schemas.spec import JobSpec, StragglerSpec
+from api.schemas.resiliency import StragglerSpec
+from api.schemas.spec import JobSpec
 from api.services.stragglers.scoring import STEP_TIME, RankRow, Scores, score_ranks
+
+T = TypeVar("T")
 
 MIN_PASSES = 5  # fewer passes in the window than this never open an episode
 FRESH_REPORTS = 3  # a rank is scored while its newest heartbeat is this many report intervals old at most
@@ -278,9 +281,10 @@ def end_of(passes: list[float], slow: list[float]) -> float | None:
     return _split(passes, slow, default=None) if slow else None
 
 
-def _split(passes: list[float], slow: list[float], default: Any) -> Any:
+def _split(passes: list[float], slow: list[float], default: T) -> float | T:
     found = {round(t, 3) for t in slow}
-    best, at, lead = 0, default, 0
+    best, lead = 0, 0
+    at: float | T = default
     for t in passes:
         lead += 1 if round(t, 3) in found else -1
         if lead > best:

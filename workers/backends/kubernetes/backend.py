@@ -7,7 +7,7 @@ attempt and owned by the Job, so deleting the Job removes the whole attempt. The
 Job is created suspended and resumed once its Secret exists (its pods never start
 without their token); with a `queue`, Kueue resumes it instead.
 
-`status()` turns what Kubernetes says into an `AttemptStatus` with a structured
+`status()` turns what Kubernetes says into an `AttemptReading` with a structured
 cause and idempotent `ObservedEvent`s (`status.AttemptView`), reading no more than
 it needs: the Job and its pods (label-selected, from the API server's cache) every
 pass; its nodes' health through `nodes.NodeHealth` (a selected list at a bounded
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
@@ -34,11 +34,14 @@ from kubernetes.client.exceptions import ApiException
 from api.core.config import Settings, get_settings
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.spec import JobSpec
-from workers.backends.base import AttemptPhase, AttemptStatus, LaunchRequest
+from workers.backends.base import AttemptPhase, AttemptReading, LaunchRequest
 from workers.backends.kubernetes import kueue, placement, policy
 from workers.backends.kubernetes import manifests as m
 from workers.backends.kubernetes.client import KubernetesApi, RetryPolicy, api_message, failure_of
+from workers.backends.kubernetes.events import EventReader
+from workers.backends.kubernetes.kueue_api import Workloads
 from workers.backends.kubernetes.nodes import NodeHealth, NodeState, remediate
+from workers.backends.kubernetes.pods import PAGE, PodWatches
 from workers.backends.kubernetes.status import AttemptView
 
 log = logging.getLogger(__name__)
@@ -63,8 +66,13 @@ class KubernetesBackend:
         clock: Callable[[], float] = time.time,
         node_refresh_s: float = 2.0,
         unhealthy_nodes: str | None = None,
+        pod_reads: Literal["watch", "list"] = "watch",
     ) -> None:
         self.api = KubernetesApi(api_client, settings=settings, request_timeout=request_timeout, retry=retry)
+        self.pod_watches = PodWatches(self.api)  # idleness in real time, whatever clock causes are judged by
+        self.workloads = Workloads(self.api)
+        self.events = EventReader(self.api, clock=clock)
+        self.pod_reads = pod_reads  # list: every pass reads all the attempt's pods (the benchmark's baseline)
         self.node_health = NodeHealth(self.api, refresh_s=node_refresh_s)
         self.cluster_domain = cluster_domain
         self.image_pull_grace_s = image_pull_grace_s
@@ -112,7 +120,7 @@ class KubernetesBackend:
             "launched %s/%s (job %s attempt %d, %d pods%s)", ns, name, request.job_id, request.attempt, pods, queued
         )
 
-    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptStatus:
+    def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptReading:
         name = m.attempt_name(job_id, spec.name, attempt)
         ns = spec.namespace
         api = self.api
@@ -121,18 +129,12 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status == 404:
                 missing = Cause(CauseClass.other, f"no Job {ns}/{name} in the cluster")
-                return AttemptStatus(phase=AttemptPhase.missing, cause=missing)
+                return AttemptReading(phase=AttemptPhase.missing, cause=missing)
             return self._unknown(exc)
         except Exception as exc:
             return self._unknown(exc)
         try:
-            pods = api.read(
-                "list pods",
-                api.core.list_namespaced_pod,
-                ns,
-                label_selector=m.attempt_selector(job_id, attempt),
-                resource_version="0",  # the API server's watch cache: no read from etcd
-            ).get("items", [])
+            pods = self._pods(ns, m.attempt_selector(job_id, attempt))
             workload, kueue_missing = self._workload(job, spec)
             seen: dict[str, Any] = {
                 "spec": spec,
@@ -145,59 +147,51 @@ class KubernetesBackend:
             seen["nodes"] = self._nodes(view, spec)
             view = AttemptView(job, pods, [], **seen)
             if view.needs_events():
-                view = AttemptView(job, pods, self._events(view, job, ns), **seen)
+                view = AttemptView(job, pods, self.events.read(view, job, ns), **seen)
         except Exception as exc:
             return self._unknown(exc)
-        return view.status()
+        reading = view.status()
+        if reading.phase in (AttemptPhase.succeeded, AttemptPhase.failed):
+            self.pod_watches.forget(ns, m.attempt_selector(job_id, attempt))
+        return reading
+
+    def _pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
+        """The attempt's pods: from its watch (`pods`), or listed whole, a page at a time (pod_reads "list")."""
+        if self.pod_reads == "watch":
+            return self.pod_watches.pods(ns, selector)
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = self.api.read(
+                "list pods", self.api.core.list_namespaced_pod, ns, label_selector=selector, limit=PAGE, _continue=token
+            )
+            out += page.get("items", [])
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return out
+
+    def close(self) -> None:
+        """Stop the pod watches (a process that keeps the backend needs not call it)."""
+        self.pod_watches.close()
 
     def _nodes(self, view: AttemptView, spec: JobSpec) -> dict[str, NodeState]:
-        """The health of the nodes the attempt's pods are bound to (none before any is bound)."""
-        if not any(p.get("spec", {}).get("nodeName") for p in view.pods):
+        """The states of the nodes of the spec's labels: their health once a pod is bound, their allocatable once a
+        pod has been Unschedulable for a while (none before either)."""
+        if not view.needs_nodes():
             return {}
         return self.node_health.states(placement.node_selector(spec), suspects=view.suspect_nodes())
-
-    def _events(self, view: AttemptView, job: dict[str, Any], ns: str) -> list[dict[str, Any]]:
-        """The Job's own Events and those of the pods the view asks about: field-selected, never a namespace's."""
-        api = self.api
-
-        def listed(selector: str) -> list[dict[str, Any]]:
-            # resourceVersion 0: from the API server's watch cache, as the pods are
-            page = api.read(
-                "list events", api.core.list_namespaced_event, ns, field_selector=selector, resource_version="0"
-            )
-            return list(page["items"])
-
-        events = listed(f"involvedObject.kind=Job,involvedObject.uid={job['metadata']['uid']}")
-        for pod in view.event_pods(events):
-            events += listed(f"involvedObject.kind=Pod,involvedObject.name={pod}")
-        return events
 
     def _workload(self, job: dict[str, Any], spec: JobSpec) -> tuple[dict[str, Any] | None, bool]:
         """A suspended queued Job's Kueue Workload, and whether Kueue is missing from the cluster."""
         if not spec.queue or not kueue.suspended(job):
             return None, False
-        api = self.api
-        try:
-            found = api.read(
-                "list workloads",
-                api.custom.list_namespaced_custom_object,
-                kueue.WORKLOAD_GROUP,
-                kueue.WORKLOAD_VERSION,
-                spec.namespace,
-                kueue.WORKLOAD_PLURAL,
-                label_selector=f"{kueue.JOB_UID_LABEL}={job['metadata']['uid']}",
-            ).get("items", [])
-        except ApiException as exc:
-            if exc.status == 404:
-                return None, True
-            raise
-        return (found[0] if found else None), False
+        return self.workloads.of_job(job, spec.namespace)
 
     @staticmethod
-    def _unknown(exc: BaseException) -> AttemptStatus:
+    def _unknown(exc: BaseException) -> AttemptReading:
         log.warning("kubernetes status unavailable: %s", exc)
         text = f"status unknown: the Kubernetes API could not be read ({api_message(exc)}); retrying"
-        return AttemptStatus(phase=AttemptPhase.pending, cause=Cause(CauseClass.unknown, text))
+        return AttemptReading(phase=AttemptPhase.pending, cause=Cause(CauseClass.unknown, text))
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         """Delete the attempt: the Job (its pods, and the Service and Secret it owns, follow) and the Service."""
@@ -206,6 +200,7 @@ class KubernetesBackend:
         api = self.api
         api.delete("job", api.batch.delete_namespaced_job, name, ns, propagation_policy="Background")
         api.delete("service", api.core.delete_namespaced_service, name, ns)
+        self.pod_watches.forget(ns, m.attempt_selector(job_id, attempt))
         log.info("cancelled %s/%s (job %s attempt %d)", ns, name, job_id, attempt)
 
     def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -21,11 +20,11 @@ from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay
 
 from api.core.config import Settings, get_settings
+from api.core.kube import KubeConfigError, load_api_client
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,7 +104,7 @@ class RetryPolicy:
                 return min(float(exc.headers.get("Retry-After", "")), self.max_wait_s)
             except ValueError:
                 pass
-        backoff = min(self.max_wait_s, self.base_wait_s * 2 ** (state.attempt_number - 1))
+        backoff = min(self.max_wait_s, self.base_wait_s * 2.0 ** (state.attempt_number - 1))
         return backoff * (0.5 + random.random() / 2)
 
 
@@ -136,30 +135,10 @@ class KubernetesApi:
         return self._api
 
     def _load_client(self) -> k8s_client.ApiClient:
-        settings = self._settings or get_settings()
-        in_cluster = settings.kube_in_cluster
-        if in_cluster is None:
-            in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not settings.kube_context
-        configuration = k8s_client.Configuration()
         try:
-            if in_cluster:
-                k8s_config.load_incluster_config(client_configuration=configuration)
-            else:
-                k8s_config.load_kube_config(
-                    config_file=os.environ.get("KUBECONFIG"),  # read now, not at import time
-                    context=settings.kube_context,
-                    client_configuration=configuration,
-                )
-        except (k8s_config.ConfigException, OSError) as exc:
-            context = settings.kube_context
-            where = "in-cluster service account" if in_cluster else f"kubeconfig context {context!r}"
-            raise KubernetesBackendError(
-                f"cannot load the Kubernetes configuration ({where}): {exc}. Run the worker in the cluster "
-                "with its ServiceAccount, or set FTPLANE_KUBE_CONTEXT to a context of your kubeconfig.",
-                retryable=False,
-            ) from exc
-        configuration.retries = False  # retries are ours (bounded, logged), not urllib3's
-        return k8s_client.ApiClient(configuration)
+            return load_api_client(self._settings or get_settings())
+        except KubeConfigError as exc:
+            raise KubernetesBackendError(str(exc), retryable=False) from exc
 
     @property
     def core(self) -> Any:

@@ -9,9 +9,10 @@ off for p4de); with no instance type pinned by the spec, the OFI plugin decides 
 the spec sets in `env` wins over these.
 
 The check (deploy/docker/efa-check.sh, installed in the trainer image as EFA_CHECK) runs as an init
-container holding the same devices: no EFA device in the pod or no EFA provider is the node's fault
-(exit 94: the node is blamed), no loadable aws-ofi-nccl plugin is the image's (exit 78: the job fails).
-An image without the script skips it.
+container holding the same devices and the trainer's NCCL and libfabric variables, and resolves the network
+plugin as NCCL would: no EFA device in the pod or no EFA provider is the node's fault (exit 94: the node is
+blamed); NCCL loading no plugin, another than aws-ofi-nccl, or one that cannot load, is the image's (exit 78:
+the job fails). An image without the script skips it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 EFA_CHECK = "/opt/ftplane/bin/efa-check"
 EFA_ENVIRONMENT = {
     "FI_PROVIDER": "efa",
+    "NCCL_NET_PLUGIN": "ofi",  # NCCL opens libnccl-net-ofi.so, not whichever libnccl-net.so comes first
     "FI_EFA_FORK_SAFE": "1",
     "RDMAV_FORK_SAFE": "1",
     "FI_LOG_LEVEL": "warn",
@@ -76,10 +78,17 @@ def check_container(spec: JobSpec) -> dict[str, Any] | None:
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         "command": CHECK_COMMAND,
-        "env": [{"name": "FTPLANE_EFA_EXPECTED", "value": "1"}],
+        "env": [{"name": "FTPLANE_EFA_EXPECTED", "value": "1"}, *_network_env(spec)],
         "resources": {
             "requests": {"cpu": "100m", "memory": "128Mi", **devices},
             "limits": {"memory": "128Mi", **devices},
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+
+
+def _network_env(spec: JobSpec) -> list[dict[str, str]]:
+    """The trainer's NCCL and libfabric variables (and library path), for the check to see what NCCL would load."""
+    values = {**environment(spec), **spec.env}
+    keep = [k for k in values if k.startswith(("NCCL_", "FI_")) or k == "LD_LIBRARY_PATH"]
+    return [{"name": k, "value": values[k]} for k in keep]

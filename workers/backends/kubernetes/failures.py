@@ -1,11 +1,13 @@
 """What one pod's failure means: its `Cause` (class and facts, the sentence people read), whether its node is to
-blame, and whether a hot spare can take its place, as a `Failure` that becomes an idempotent event.
+blame, and whether a hot spare can take its place, as a `PodFailure` that becomes an idempotent event.
 
 The class is set here, where Kubernetes' reason is known:
 - crash: an exit code or an OOM kill (with the exit code, and the signal a code above 128 stands for);
 - verdict: the node agent's exit 93, NVRx decided not to restart (the job fails, no job-level restart);
 - node: the node agent's exit 94 (the node is unhealthy), a node lost, unresponsive or refusing the pod,
   a Node condition saying it is broken (`nodes`), no EFA device or provider (the EFA check's 94);
+- other: a node-pressure eviction for disk the job itself used beyond its ephemeral-storage request (the
+  kubelet names the container): the job's doing, not the node's (no node blamed, no preemption budget);
 - preempted: a disruption (DisruptionTarget) that took the pod away on purpose: the Eviction API (a
   drain, Karpenter replacing or reclaiming the node, a spot interruption), the scheduler making room, the
   kubelet's node-pressure eviction or graceful node shutdown. Whatever exit code the container had then
@@ -26,9 +28,10 @@ from datetime import datetime
 from typing import Any
 
 from api.schemas.causes import Cause, CauseClass, signal_name
+from ftplane.contract import NODE_UNHEALTHY, VERDICT
 from workers.backends.base import ObservedEvent
 from workers.backends.kubernetes.objects import condition, init_failure, iso, trainer_status
-from workers.backends.kubernetes.policy import IMAGE_BROKEN, NODE_UNHEALTHY, VERDICT
+from workers.backends.kubernetes.policy import IMAGE_BROKEN
 
 # Why a pod or its node went away, as Kubernetes words it.
 NODE_LEVEL_POD_REASONS = frozenset(
@@ -75,7 +78,7 @@ def said(term: dict[str, Any]) -> str:
 
 
 @dataclass
-class Failure:
+class PodFailure:
     """A pod of the attempt that failed or went away, and why (`cause.facts["reason"]`: Kubernetes' word)."""
 
     pod: str
@@ -139,6 +142,13 @@ def pod_cause(pod: dict[str, Any], node: str | None, *, loss: dict[str, Any] | N
             return _init_verdict(*init, name=name, node=node)
         reason = status.get("reason") or ""
         message = status.get("message") or disruption.get("message") or ""
+        if reason == "Evicted" and _used_beyond_its_request(message, "ephemeral-storage"):
+            text = (
+                f"pod evicted{on_node} for its own disk use: {message.strip()} The job's files (its logs, its "
+                "ranks' output) outgrew its ephemeral storage request: raise resources.ephemeral_storage, or write "
+                "less to the container's disk"
+            )
+            return Verdict(cause(CauseClass.other, text, node=node, reason="EvictedForStorage"), False, True)
         if reason == "Evicted":
             text = f"pod evicted{on_node}: {message}".rstrip(": ")
             return Verdict(cause(CauseClass.preempted, text, node=node, reason="Evicted"), True, True)
@@ -170,6 +180,12 @@ def pod_cause(pod: dict[str, Any], node: str | None, *, loss: dict[str, Any] | N
             facts = {"node": node, "reason": disruption_reason}
             return Verdict(cause(CauseClass.preempted, text, **facts), disruption_reason in BLAMING_PREEMPTIONS, True)
     return None
+
+
+def _used_beyond_its_request(message: str, resource: str) -> bool:
+    """The kubelet evicted the pod for `resource` pressure and names the trainer container as using more than it
+    requested (the kubelet's evictionMessage names each container over its request): the job's own doing."""
+    return f"low on resource: {resource}" in message and "Container trainer was using" in message
 
 
 def _exit_verdict(term: dict[str, Any], node: str | None, on_node: str) -> Verdict:

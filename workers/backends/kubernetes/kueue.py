@@ -3,7 +3,11 @@
 The attempt's Job is created suspended with the LocalQueue's label (`policy.queue_fields`); Kueue makes a
 Workload for it and admits it by unsuspending the Job. So:
 - suspended, never admitted: `waiting` (pending, with Kueue's reason, e.g. "insufficient unused quota"),
-  reported once as a `queued` event with `queue_state: waiting`; no pending timeout runs meanwhile;
+  reported once as a `queued` event with `queue_state: waiting`; no pending timeout runs meanwhile (the job's
+  `resiliency.queued_timeout_s` does). A Workload Kueue can never admit as its ClusterQueue stands (a resource
+  it does not cover, a request beyond its quota, a LocalQueue or ClusterQueue that does not exist: Kueue's
+  words in the QuotaReserved condition, INADMISSIBLE) is reported once more, `inadmissible: true` with Kueue's
+  reason, so people can fix the queue (or the spec) rather than wait;
 - unsuspended: `admitted`, reported once as a `queued` event with `queue_state: admitted` (the pending
   timeout counts from then);
 - suspended again after its admission (the Workload evicted: preempted by a higher-priority workload,
@@ -21,7 +25,10 @@ from workers.backends.base import ObservedEvent
 from workers.backends.kubernetes.failures import cause
 from workers.backends.kubernetes.objects import condition
 
-WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
+WORKLOAD_GROUP, WORKLOAD_PLURAL = "kueue.x-k8s.io", "workloads"
+# Kueue's words for a Workload its ClusterQueue can never admit (pkg/scheduler/flavorassigner), and its reason for
+# a Workload whose queue does not exist.
+INADMISSIBLE = ("unavailable in ClusterQueue", "request > maximum capacity", "doesn't exist")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 NO_KUEUE = "no Kueue in this cluster (the Workload API is not served): nothing will admit the Job"
 
@@ -31,6 +38,7 @@ class QueueState:
     state: Literal["waiting", "admitted", "preempted"]
     cause: Cause | None
     event: ObservedEvent | None
+    inadmissible: ObservedEvent | None = None
 
 
 def suspended(job: dict[str, Any]) -> bool:
@@ -68,4 +76,9 @@ def queue_state(
     text = f"queued in LocalQueue {queue}: {why}"
     details = {"queue": queue, "queue_state": "waiting", "cause": text, "cause_class": CauseClass.scheduling.value}
     event = ObservedEvent(key=f"k8s:{uid}:queued", type="queued", details=details)
-    return QueueState("waiting", cause(CauseClass.scheduling, text, reason="Queued"), event)
+    never = None
+    if workload is not None and (reserved.get("reason") == "Inadmissible" or any(w in why for w in INADMISSIBLE)):
+        text = f"queued in LocalQueue {queue}, which cannot admit it as it stands: {why}"
+        said = {**details, "cause": text, "inadmissible": True, "kueue_reason": reserved.get("reason") or "Pending"}
+        never = ObservedEvent(key=f"k8s:{uid}:inadmissible", type="queued", details=said)
+    return QueueState("waiting", cause(CauseClass.scheduling, text, reason="Queued"), event, never)

@@ -27,22 +27,28 @@ from typing import Any
 
 import yaml
 
+from api.schemas import kubernetes_names as names
+from api.schemas.kubernetes_names import COMPLETION_INDEX_LABEL as COMPLETION_INDEX_LABEL
+from api.schemas.kubernetes_names import CONTAINER_NAME as CONTAINER_NAME
+from api.schemas.kubernetes_names import LABEL_ATTEMPT as LABEL_ATTEMPT
+from api.schemas.kubernetes_names import LABEL_JOB_ID as LABEL_JOB_ID
+from api.schemas.kubernetes_names import LABEL_JOB_NAME as LABEL_JOB_NAME
+from api.schemas.kubernetes_names import attempt_selector as attempt_selector
+from api.schemas.kubernetes_names import job_id_label as job_id_label
+from api.schemas.kubernetes_names import job_selector as job_selector
 from api.schemas.kubernetes_spec import DO_NOT_DISRUPT
 from api.schemas.spec import JobSpec
+from ftplane.contract import Env
 from workers.backends.base import LaunchRequest, agent_environment, launcher_arguments
-from workers.backends.kubernetes import efa, placement, policy
+from workers.backends.checkpoint_storage import claim_mounts, on_claim, on_shared_directory
+from workers.backends.kubernetes import efa, placement, policy, rendezvous
 
 MANAGED_BY = "ftplane"
-LABEL_JOB_ID = "ftplane.io/job-id"
-LABEL_JOB_NAME = "ftplane.io/job-name"
-LABEL_ATTEMPT = "ftplane.io/attempt"
 ANNOTATION_JOB_ID = "ftplane.io/job-id"
 ANNOTATION_RENDEZVOUS = "ftplane.io/rendezvous"
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
-CONTAINER_NAME = "trainer"
-AGENT_COMMAND = ("python", "-m", "trainer.agent", "--")
+AGENT_COMMAND = ("ftplane-agent", "--")
 AGENT_DIR = "/tmp/ftplane-agent"
 RDZV_PORT = 29500
 TOKEN_KEY = "token"
@@ -51,7 +57,6 @@ EFA_RESOURCE = efa.EFA_RESOURCE
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
-TERMINATION_GRACE_S = 60
 
 # A pod's hostname is "<job name>-<completion index>" and must stay a DNS label
 # (<= 63): the attempt's Job name is kept to 52 characters, leaving room for
@@ -59,7 +64,6 @@ TERMINATION_GRACE_S = 60
 _BASE_MAX = 44  # "<base>-a<attempt up to 10000>" <= 51
 _ID_MAX = 20
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
 def _digest(text: str, length: int) -> str:
@@ -93,22 +97,6 @@ def secret_name(job_id: str, job_name: str, attempt: int) -> str:
     return f"{attempt_name(job_id, job_name, attempt)}-token"
 
 
-def job_id_label(job_id: str) -> str:
-    """The job id as a label value (valid values are kept; others get a readable prefix and a hash)."""
-    if len(job_id) <= 63 and _LABEL_VALUE.match(job_id):
-        return job_id
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", job_id)[:50].strip("-_.")
-    return f"{stem}-{_digest(job_id, 12)}" if stem else _digest(job_id, 12)
-
-
-def job_selector(job_id: str) -> str:
-    return f"{LABEL_JOB_ID}={job_id_label(job_id)}"
-
-
-def attempt_selector(job_id: str, attempt: int) -> str:
-    return f"{job_selector(job_id)},{LABEL_ATTEMPT}={attempt}"
-
-
 def rendezvous_host(
     job_id: str,
     spec: JobSpec,
@@ -126,14 +114,8 @@ def rendezvous_host(
 
 
 def pod_index_for_rank(spec: JobSpec, rank: int) -> int:
-    """Completion index of the pod that hosts global `rank`.
-
-    ft_launcher's c10d rendezvous numbers nodes by sorting their host names, so node
-    rank k is the k-th completion index in text order ("0" < "1" < "10" < "11" < "2");
-    for fewer than 11 nodes that is simply rank // procs_per_node.
-    """
-    order = sorted(range(spec.nodes), key=lambda i: f"{i}.")
-    return order[min(rank // spec.procs_per_node, spec.nodes - 1)]
+    """Completion index of the pod that hosts global `rank` (api/schemas/kubernetes_names.py says how)."""
+    return names.pod_index_for_rank(spec.nodes, spec.procs_per_node, rank)
 
 
 def labels_for(job_id: str, spec: JobSpec, attempt: int | None) -> dict[str, str]:
@@ -160,6 +142,7 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
     res = spec.resources
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
+    requests["ephemeral-storage"] = res.ephemeral_storage  # the agent's and the ranks' output on the node's disk
     if res.cpu:
         requests["cpu"] = res.cpu
     if res.memory:
@@ -180,7 +163,9 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
 
 def _environment(request: LaunchRequest, master_addr: str) -> list[dict[str, Any]]:
     spec = request.spec
-    values = {**efa.environment(spec), **agent_environment(request)}
+    claimed = spec.checkpoint.pvc and spec.checkpoint.dir
+    checkpoints = on_claim(spec) if claimed else on_shared_directory(spec, request.job_id)
+    values = {**efa.environment(spec), **agent_environment(request, checkpoints)}
     if spec.resiliency.spare_nodes:
         values["FTPLANE_SPARE_NODES"] = str(spec.resiliency.spare_nodes)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
@@ -191,13 +176,14 @@ def _environment(request: LaunchRequest, master_addr: str) -> list[dict[str, Any
         env.append({"name": name, "valueFrom": {"secretKeyRef": key_ref}})
     env += [
         # ft_launcher gives workers MASTER_ADDR=localhost; the trainer needs the real rank-0 host.
-        {"name": "FTPLANE_MASTER_ADDR", "value": master_addr},
-        {"name": "FTPLANE_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": Env.MASTER_ADDR, "value": master_addr},
+        {"name": Env.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "FTPLANE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "FTPLANE_AGENT_DIR", "value": AGENT_DIR},
-        {"name": "FTPLANE_AGENT_ECHO", "value": "1"},  # the launcher's output in the container's log
+        {"name": Env.AGENT_DIR, "value": AGENT_DIR},
+        {"name": Env.AGENT_ECHO, "value": "1"},  # the launcher's output in the container's log
+        {"name": Env.STOP_GRACE_S, "value": str(spec.resiliency.stop_grace_s)},
         {
-            "name": "FTPLANE_TOKEN",
+            "name": Env.TOKEN,
             "valueFrom": {
                 "secretKeyRef": {"name": secret_name(request.job_id, spec.name, request.attempt), "key": TOKEN_KEY}
             },
@@ -223,7 +209,12 @@ def job_manifest(
     # With hot spares the rendezvous takes `nodes` active nodes and keeps the rest standing by (NVRx 0.6+).
     nnodes = f"{spec.nodes}:{spec.nodes + spares}" if spares else spec.nodes
     launcher = launcher_arguments(
-        spec, nnodes=nnodes, rdzv_endpoint=f"{host}:{RDZV_PORT}", rdzv_id=name, log_dir=f"{AGENT_DIR}/ranks"
+        spec,
+        nnodes=nnodes,
+        rdzv_endpoint=f"{host}:{RDZV_PORT}",
+        rdzv_id=name,
+        log_dir=f"{AGENT_DIR}/ranks",
+        extra=rendezvous.launcher_flags(spec),
     )
     # The node agent is the entrypoint; it starts ft_launcher. `command`, not `args`: a user's image may have any
     # entrypoint (the EFA check runs as an init container in every EFA pod).
@@ -235,7 +226,7 @@ def job_manifest(
         shm["sizeLimit"] = spec.resources.shm
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": shm}]
     if spec.checkpoint.pvc and spec.checkpoint.dir:
-        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.dir})
+        mounts += claim_mounts(spec, request.job_id, CHECKPOINT_VOLUME)  # the job's own directory of the claim
         claim = {"claimName": spec.checkpoint.pvc}
         volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": claim})
 
@@ -245,6 +236,7 @@ def job_manifest(
         "imagePullPolicy": "IfNotPresent",
         "command": [_escape(arg) for arg in command],
         "env": _environment(request, host),
+        **({"workingDir": spec.working_dir} if spec.working_dir else {}),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
         # the last lines of the output, when the agent leaves no message: a failure's cause says why
@@ -262,10 +254,10 @@ def job_manifest(
         "subdomain": name,  # with the Job controller's hostname "<job>-<index>": stable per-pod DNS
         "automountServiceAccountToken": False,  # the trainer talks to ftplane over HTTP, not to Kubernetes
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "terminationGracePeriodSeconds": rendezvous.termination_grace_s(spec),
         "containers": [container],
         "volumes": volumes,
-        **placement.pod_fields(spec, request.excluded_nodes),
+        **placement.pod_fields(spec, request.excluded_nodes, request.quarantined_nodes),
     }
     check = efa.check_container(spec)
     if check:

@@ -6,12 +6,15 @@ page of NODE_PAGE nodes at a time (a label-selected list with `limit` and `conti
 `refresh_s`, round-robin: the nodes of a 2,048-node job are all read every 8 pages, and no pass decodes more
 than a page of Node objects (an EKS GPU Node, with its image list, is ~10 KB). The nodes of pods that look
 lost (not Ready, phase Unknown, being deleted) are read at once, by name, at most MAX_SUSPECTS of them, each
-at most every `urgent_s`. Only what health needs is kept (`NodeState`).
+at most every `urgent_s`. Only what health needs is kept (`NodeState`), and the allocatable (whether a pod
+could ever fit: pending.py).
 
 A node is unhealthy (`unhealthy`) when its Ready condition has been False (NotReady) or Unknown
-(unreachable: the kubelet stopped reporting) for `grace_s`, or when a condition of the EKS node
-monitoring agent (AcceleratedHardwareReady for GPU Xid and ECC errors, NetworkingReady, StorageReady,
-KernelReady, ContainerRuntimeReady) is False. Its pods' failures are then the node's.
+(unreachable: the kubelet stopped reporting) for as long as its pods tolerate that (`tolerated_s`: their
+NoExecute tolerations of node.kubernetes.io/not-ready or /unreachable, read as the taint manager reads them,
+so a spec's own toleration seconds count; 300 s, Kubernetes' default, where none gives seconds), or when
+a condition of the EKS node monitoring agent (AcceleratedHardwareReady for GPU Xid and ECC errors,
+NetworkingReady, StorageReady, KernelReady, ContainerRuntimeReady) is False. Its pods' failures are then the node's.
 
 `remediate` optionally keeps other jobs off a blamed node: `cordon` (spec.unschedulable) or `taint`
 (`ftplane.dev/unhealthy=true:NoSchedule`), as FTPLANE_KUBE_UNHEALTHY_NODES says; off by default, and the
@@ -23,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -47,7 +50,9 @@ HEALTH_CONDITIONS = (
     "ContainerRuntimeReady",
 )
 UNHEALTHY_TAINT = "ftplane.dev/unhealthy"
-NOT_READY_GRACE_S = 30.0
+NOT_READY_GRACE_S = 300.0
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"  # the node controller's, while Ready is False
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"  # while Ready is Unknown
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class NodeState:
     ready_since: datetime | None
     ready_said: str
     broken: tuple[tuple[str, str, str], ...] = ()  # (condition, reason, message) of failing health conditions
+    allocatable: tuple[tuple[str, str], ...] = ()  # (resource, quantity): what the node can ever give its pods
 
 
 def node_state(node: dict[str, Any]) -> NodeState:
@@ -69,11 +75,31 @@ def node_state(node: dict[str, Any]) -> NodeState:
             said = ": ".join(p for p in (cond.get("reason"), cond.get("message")) if p)
         elif kind in HEALTH_CONDITIONS and cond.get("status") == "False":
             broken.append((str(kind), str(cond.get("reason") or ""), str(cond.get("message") or "")))
-    return NodeState(node["metadata"]["name"], ready, since, said, tuple(broken))
+    allocatable = tuple(
+        sorted((str(k), str(v)) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items())
+    )
+    return NodeState(node["metadata"]["name"], ready, since, said, tuple(broken), allocatable)
+
+
+def tolerated_s(tolerations: Iterable[Mapping[str, Any]] | None, ready: str) -> float:
+    """How long pods with these tolerations stay bound to a node whose Ready condition is `ready` (False: the
+    not-ready taint, Unknown: the unreachable one), as the taint manager reads them: the least tolerationSeconds of
+    the NoExecute tolerations that match the taint. NOT_READY_GRACE_S (Kubernetes' default) where none of them
+    gives seconds: none matches, or the pods tolerate the taint for ever (ftplane still blames the node then)."""
+    taint = UNREACHABLE_TAINT if ready == "Unknown" else NOT_READY_TAINT
+    seconds = [
+        float(t["tolerationSeconds"])
+        for t in tolerations or ()
+        if t.get("effect") in (None, "", "NoExecute")
+        and (t.get("key") == taint or (t.get("operator") == "Exists" and not t.get("key")))
+        and t.get("tolerationSeconds") is not None
+    ]
+    return max(0.0, min(seconds)) if seconds else NOT_READY_GRACE_S
 
 
 def unhealthy(state: NodeState, now: datetime, grace_s: float = NOT_READY_GRACE_S) -> Cause | None:
-    """Why the node is not to be trusted with the pod any more; None while it is healthy."""
+    """Why the node is not to be trusted with the pod any more; None while it is healthy. `grace_s`: how long its
+    pods tolerate it NotReady or unreachable (`tolerated_s`)."""
     name = state.name
     if state.broken:
         kind, reason, message = state.broken[0]

@@ -1,10 +1,14 @@
 """Where an attempt's pods may run: the pod spec's scheduling fields, from the spec and the nodes excluded.
 
-- tolerations: the GPU taint (`nvidia.com/gpu`, GPU pods), the spec's own, and short not-ready and
-  unreachable tolerations (NOT_READY_TOLERATION_S instead of the cluster's default 300 s), so the pods of
-  a lost node are marked for deletion, and the loss noticed, within seconds of it;
+- tolerations: the GPU taint (`nvidia.com/gpu`, GPU pods), the spec's own, and the not-ready and
+  unreachable tolerations at Kubernetes' own 300 s (NOT_READY_TOLERATION_S, what the DefaultTolerationSeconds
+  admission plugin gives every pod): a kubelet that stops posting its status for 30 s (an API server
+  hiccup, a control-plane upgrade, a flaky link) leaves its containers training, and pods must not be
+  deleted for that. A spec that wants its pods gone sooner gives its own toleration for those taints;
+  meanwhile a node whose agent still reports is alive (workers/supervision/reconcile_attempts.py);
 - node selector (the spec's labels and zone) and one required node-affinity term: the spec's
-  requirements on node labels, and `matchFields metadata.name NotIn` the nodes the job excluded;
+  requirements on node labels, and `matchFields metadata.name NotIn` the nodes the job excluded and the
+  fleet's quarantined nodes (api/services/node_reputation);
 - priority class, service account, image pull secrets.
 
 The exclusion list is bounded: the newest MAX_EXCLUDED_NODES excluded nodes are kept out (older ones
@@ -20,7 +24,7 @@ from typing import Any
 from api.schemas.spec import JobSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
-NOT_READY_TOLERATION_S = 30
+NOT_READY_TOLERATION_S = 300
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 MAX_EXCLUDED_NODES = 64
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -59,14 +63,15 @@ def affinity(spec: JobSpec, excluded_nodes: list[str]) -> dict[str, Any] | None:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def pod_fields(spec: JobSpec, excluded_nodes: tuple[str, ...]) -> dict[str, Any]:
-    """The pod spec's scheduling fields for this attempt."""
+def pod_fields(spec: JobSpec, excluded_nodes: tuple[str, ...], quarantined: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The pod spec's scheduling fields for this attempt: the fleet's `quarantined` nodes are kept out as well,
+    whatever the spec says of exclusions (hot spares included: they are pods of the same template)."""
     sched = spec.scheduling
     out: dict[str, Any] = {"tolerations": tolerations(spec)}
     node_labels = sched.node_labels()
     if node_labels:
         out["nodeSelector"] = node_labels
-    found = affinity(spec, excluded(excluded_nodes, spec))
+    found = affinity(spec, sorted(set(excluded(excluded_nodes, spec)) | set(quarantined)))
     if found:
         out["affinity"] = found
     if sched.priority_class:

@@ -1,6 +1,6 @@
 """How the Job controller is told what a pod's failure means (`podFailurePolicy`), hot spares, and Kueue.
 
-Exit codes with a meaning of their own (the node agent's, trainer/agent/exit_codes.py, and the image's
+Exit codes with a meaning of their own (the node agent's, ftplane/contract.py, and the image's
 EFA check, deploy/docker/efa-check.sh):
 
     93  VERDICT         NVRx decided not to restart: FailJob, and no job-level restart either
@@ -23,9 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from api.schemas.spec import JobSpec
+from ftplane.contract import NODE_UNHEALTHY, VERDICT
 
-VERDICT = 93
-NODE_UNHEALTHY = 94
 IMAGE_BROKEN = 78
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 EFA_CHECK_CONTAINER = "efa-check"
@@ -66,6 +65,7 @@ def failure_policy(spec: JobSpec, *, container: str, efa_check: bool) -> dict[st
         others = {"containerName": container, "operator": "NotIn", "values": [VERDICT, NODE_UNHEALTHY]}
         rules.append({"action": "FailJob", "onExitCodes": others})
         out.update(backoffLimitPerIndex=0, maxFailedIndexes=spares)
+        out["successPolicy"] = {"rules": [{"succeededCount": spec.nodes}]}
     else:
         out["backoffLimit"] = 0  # any pod failure fails the attempt; restarts are the control plane's decision
     out["podFailurePolicy"] = {"rules": rules}

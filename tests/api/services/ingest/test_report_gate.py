@@ -1,0 +1,88 @@
+"""The node-report caches: requests that miss together wait for one load, a failed load fails them all (and is
+not cached), and a token is authenticated by the one rule every route uses."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from api.services.ingest import caches
+from api.services.ingest.caches import JobState
+
+
+def test_requests_that_miss_together_wait_for_one_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    caches.forget_all()
+    loads: list[str] = []
+    release = threading.Event()
+
+    def load_job(job_id: str) -> JobState:
+        loads.append(job_id)
+        assert release.wait(10)  # the load is slow: every request below arrives while it runs
+        state = JobState("RUNNING", 0, None, frozenset())
+        caches._jobs[job_id] = state
+        return state
+
+    monkeypatch.setattr(caches, "load_job", load_job)
+
+    async def hundred_requests() -> list[JobState | None]:
+        waiting = [asyncio.ensure_future(caches.job_state("j1")) for _ in range(100)]
+        await asyncio.sleep(0)  # every request has missed the cache and found the load in flight
+        release.set()
+        return await asyncio.gather(*waiting)
+
+    states = asyncio.run(hundred_requests())
+    assert loads == ["j1"] and {s.status if s else None for s in states} == {"RUNNING"}
+    assert asyncio.run(caches.job_state("j1")) == states[0] and loads == ["j1"]  # cached now
+    caches.forget_all()
+
+
+def test_a_failed_load_fails_its_waiters_and_the_next_request_loads_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    caches.forget_all()
+    calls = 0
+
+    def failing(job_id: str) -> JobState:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError("database away")
+
+    monkeypatch.setattr(caches, "load_job", failing)
+
+    async def two() -> list[object]:
+        return await asyncio.gather(caches.job_state("j2"), caches.job_state("j2"), return_exceptions=True)
+
+    assert all(isinstance(r, ConnectionError) for r in asyncio.run(two())) and calls == 1
+    with pytest.raises(ConnectionError):
+        asyncio.run(caches.job_state("j2"))
+    assert calls == 2 and caches._in_flight == {}
+
+
+def test_a_token_is_authenticated_as_every_route_does_it_and_kept_for_the_ttl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cache asks tokens.authenticate (the one rule of who a token is), once per token within the TTL; a token
+    it refuses is kept refused as well."""
+    from api.core.authz import Principal
+    from api.core.config import get_settings
+    from api.models import tokens
+
+    monkeypatch.setenv("FTPLANE_AUTH_CACHE_TTL_S", "60")
+    get_settings.cache_clear()
+    caches.forget_all()
+    asked: list[str] = []
+
+    def authenticate(session: object, token: str) -> Principal | None:
+        asked.append(token)
+        return Principal(token_id="t1", kind="trainer", job_id="j1") if token == "good" else None
+
+    monkeypatch.setattr(tokens, "authenticate", authenticate)
+
+    async def twice_each() -> list[Principal | None]:
+        return [await caches.principal(token) for token in ("good", "good", "bad", "bad")]
+
+    good, again, bad, bad_again = asyncio.run(twice_each())
+    assert good == again == Principal(token_id="t1", kind="trainer", job_id="j1")
+    assert bad is None and bad_again is None and asked == ["good", "bad"]
+    caches.forget_all()
+    get_settings.cache_clear()

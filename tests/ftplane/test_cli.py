@@ -1,0 +1,122 @@
+"""The CLI against a real `ftplane serve` (API + worker + beat in one command, embedded defaults)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ftplane.devserver import ROOT
+from tests.conftest import ftplane_server
+
+
+def ftplane(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "ftplane.cli", *args],
+        env=env,
+        cwd=env["WORKDIR"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check:
+        assert result.returncode == 0, result.stderr + result.stdout
+    return result
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    with ftplane_server(tmp_path_factory.mktemp("serve")) as env:
+        yield env
+
+
+def test_serve_serves_docs_and_saves_an_admin_token(served: dict[str, str]) -> None:
+    assert httpx.get(f"{served['FTPLANE_URL']}/docs").status_code == 200
+    token_file = Path(served["WORKDIR"]) / ".ftplane" / "admin-token"
+    assert token_file.stat().st_mode & 0o077 == 0
+
+
+def test_submit_get_describe_events_cancel(served: dict[str, str]) -> None:
+    spec = Path(served["WORKDIR"]) / "job.yaml"
+    spec.write_text(
+        "name: cli-job\ncommand: [python, -c, 'import time; time.sleep(30)']\nprocs_per_node: 1\nlabels: {team: cli}\n"
+    )
+    submitted = json.loads(ftplane(served, "submit", "-f", str(spec), "-o", "json").stdout)
+    job_id = submitted["id"]
+    listed = json.loads(ftplane(served, "get", "jobs", "-o", "json").stdout)
+    assert job_id in [j["id"] for j in listed["items"]]
+    assert job_id[:8] in ftplane(served, "get", "jobs").stdout
+    described = ftplane(served, "describe", "job", job_id).stdout
+    assert "cli-job" in described and "max_in_job_restarts" in described
+    deadline = time.monotonic() + 60
+    while json.loads(ftplane(served, "describe", "job", job_id, "-o", "json").stdout)["status"] == "PENDING":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    cancelled = json.loads(ftplane(served, "cancel", job_id, "-o", "json").stdout)
+    assert cancelled["cancel_requested"] or cancelled["status"] == "CANCELLED"
+    followed = ftplane(served, "events", job_id, "--follow", "-o", "json").stdout  # returns once the job ends
+    types = [json.loads(line)["type"] for line in followed.splitlines()]
+    assert types[0] == "submitted" and types[-1] == "cancelled"
+
+
+def test_invalid_spec_is_refused_with_the_field(served: dict[str, str]) -> None:
+    spec = Path(served["WORKDIR"]) / "bad.yaml"
+    spec.write_text("name: bad\ncommand: [python]\nprocs_per_node: 2\nnodez: 3\n")
+    result = ftplane(served, "submit", "-f", str(spec), check=False)
+    assert result.returncode == 1
+    assert "nodez" in result.stderr and "unknown field" in result.stderr
+
+
+def test_render_local_spec(served: dict[str, str]) -> None:
+    out = ftplane(served, "render", "-f", str(ROOT / "examples" / "tiny-local.yaml")).stdout
+    assert "ft_launcher" in out and "--nproc-per-node=2" in out and "FTPLANE_CHECKPOINT_ENGINE=async" in out
+
+
+def test_token_create_prints_a_working_token(served: dict[str, str]) -> None:
+    created = json.loads(ftplane(served, "token", "create", "--name", "ci", "-o", "json").stdout)
+    response = httpx.get(f"{served['FTPLANE_URL']}/v1/jobs", headers={"Authorization": f"Bearer {created['token']}"})
+    assert response.status_code == 200
+
+
+def test_projects_project_tokens_and_the_audit_log(served: dict[str, str]) -> None:
+    """A cluster admin makes a project and binds a group; `token create --project P --role operator` makes a
+    token that submits there and nowhere else; `ftplane audit` lists who did what."""
+    assert "project vision created" in ftplane(served, "project", "create", "vision", "--gpu-limit", "16").stdout
+    listed = json.loads(ftplane(served, "project", "list", "--json").stdout)
+    assert {p["name"]: p["gpu_limit"] for p in listed} == {"default": None, "vision": 16}
+    bound = json.loads(
+        ftplane(served, "project", "bind", "vision", "--group", "cv", "--role", "viewer", "--json").stdout
+    )
+    assert (bound["kind"], bound["value"], bound["role"]) == ("group", "cv", "viewer")
+    made = ftplane(
+        served, "token", "create", "--name", "cv-ops", "--project", "vision", "--role", "operator", "-o", "json"
+    )
+    operator = json.loads(made.stdout)
+    assert (operator["project"], operator["role"]) == ("vision", "operator")
+    as_operator = {**served, "FTPLANE_TOKEN": operator["token"]}
+    spec = Path(served["WORKDIR"]) / "vision.yaml"
+    spec.write_text("name: cv-job\nproject: vision\ncommand: [python, -c, pass]\n")
+    job = json.loads(ftplane(as_operator, "submit", "-f", str(spec), "-o", "json").stdout)
+    assert job["project"] == "vision"
+    elsewhere = Path(served["WORKDIR"]) / "default.yaml"
+    elsewhere.write_text("name: other\ncommand: [python, -c, pass]\n")
+    refused = ftplane(as_operator, "submit", "-f", str(elsewhere), check=False)
+    assert refused.returncode != 0 and "unknown project 'default'" in refused.stderr
+    unknown = ftplane(served, "token", "create", "--project", "nope", "--role", "viewer", check=False)
+    assert unknown.returncode != 0 and "unknown project 'nope'" in unknown.stderr
+
+    entries = json.loads(ftplane(served, "audit", "--project", "vision", "--json").stdout)
+    assert [(e["action"], e["outcome"]) for e in entries] == [
+        ("POST /v1/projects", 201),
+        ("POST /v1/projects/{project}/bindings", 201),
+        ("POST /v1/jobs", 201),
+    ]
+    assert entries[-1]["actor_name"] == "cv-ops" and entries[-1]["object_id"] == job["id"]
+    table = ftplane(served, "audit", "--actor", "cv-ops").stdout
+    assert "POST /v1/jobs" in table and "422" in table  # the refused submission to `default` too

@@ -1,0 +1,18 @@
+"""Cancellation (workers/supervision/cancel_jobs.py): a launched job's attempt is torn down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.support.supervision import ScriptedBackend, supervise
+
+
+def test_cancel_of_a_launched_job_tears_it_down(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
+    job = make_job()
+    supervise(job["id"], force_launch=True)
+    assert admin.post(f"/v1/jobs/{job['id']}/cancel").json()["cancel_requested"] is True
+    supervise(job["id"])
+    assert backend.cancels == [0]
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "CANCELLED"

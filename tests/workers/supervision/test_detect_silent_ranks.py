@@ -1,0 +1,99 @@
+"""Silent ranks (workers/supervision/detect_silent_ranks.py): a hang and its escalation, the initial timeout
+of ranks restarting after a failure, and a hang the launcher is already recovering."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.support.supervision import ScriptedBackend, last_seen, supervise
+from tests.workers.supervision.conftest import event_types
+
+
+def test_silent_rank_is_a_hang_and_a_long_one_escalates(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    from api.schemas.events import utcnow
+
+    job = make_job(resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
+    now = utcnow()
+    admin.post(
+        f"/v1/jobs/{job['id']}/heartbeats",
+        json={"heartbeats": [{"rank": 0, "step": 4, "ts": now.isoformat()}, {"rank": 1, "step": 4}]},
+    )
+    supervise(job["id"])
+    assert "hang_detected" not in event_types(admin, job["id"])
+
+    last_seen(job["id"], {1: 12}, now)
+    supervise(job["id"])
+    supervise(job["id"])  # the same silence is recorded once
+    hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
+    assert len(hangs) == 1 and hangs[0]["rank"] == 1 and "no heartbeat for" in hangs[0]["details"]["cause"]
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RECOVERING"
+
+    last_seen(job["id"], {1: 25}, now)
+    supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 1 and "hang not recovered in-job" in body["status_reason"]
+
+
+def test_ranks_restarting_after_a_failure_get_the_initial_timeout(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    from api.core.db import session_scope
+    from api.schemas.events import utcnow
+
+    job = make_job(resiliency={"heartbeat_timeout_s": 5, "initial_heartbeat_timeout_s": 60, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    now = utcnow()
+    admin.post(
+        f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 0, "step": 9}, {"rank": 1, "step": 9}]}
+    )
+    last_seen(job["id"], {0: 20, 1: 20}, now)  # silent for 4× the timeout...
+    failure = {"key": "f", "type": "rank_failed", "rank": 1, "ts": (now - timedelta(seconds=18)).isoformat()}
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [failure]})  # ...because they are restarting
+    supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 0 and "hang_detected" not in event_types(admin, job["id"])
+
+    last_seen(job["id"], {0: 100, 1: 100}, now)
+    with session_scope() as session:  # the restart began long ago and nothing has come back
+        from sqlalchemy import update
+
+        from api.database.tables import Event
+
+        session.execute(update(Event).where(Event.key == "f").values(ts=now - timedelta(seconds=90)))
+    supervise(job["id"])
+    hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
+    assert hangs and "after a restart began" in hangs[0]["details"]["cause"]
+
+
+def test_a_rank_the_launcher_restarted_for_a_hang_is_recorded_hung_but_not_escalated(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """The launcher shares the timeout: it may kill a hung rank (reported as a failure) before a pass sees the
+    rank overdue. A rank already silent for the timeout when the restart began was hung."""
+    from api.schemas.events import utcnow
+
+    job = make_job(resiliency={"heartbeat_timeout_s": 20, "initial_heartbeat_timeout_s": 120, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    now = utcnow()
+    admin.post(
+        f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 0, "step": 41}, {"rank": 1, "step": 41}]}
+    )
+    last_seen(job["id"], {0: 21.0, 1: 0.5}, now)  # rank 0 hung; rank 1 waited on it in a collective
+    # 20.4 s after rank 0's last beat the launcher's timeout fired and rank 1's collective failed
+    killed = {"key": "k", "type": "rank_failed", "rank": 1, "ts": (now - timedelta(seconds=0.6)).isoformat()}
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [killed]})
+    supervise(job["id"])
+    supervise(job["id"])  # recorded once
+    hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
+    assert [(h["rank"], h["step"]) for h in hangs] == [(0, 41)]
+    assert "when a restart began: the launcher is recovering it" in hangs[0]["details"]["cause"]
+    assert hangs[0]["details"]["silent_s"] >= 21
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 0 and body["status"] != "FAILED"  # not escalated: the launcher has it
