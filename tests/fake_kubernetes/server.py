@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import json
 import re
 import sys
@@ -133,12 +132,14 @@ class FakeKube(Kueue):
         """The watches' connections lost while inside: nothing reaches their clients (what changes meanwhile is
         never streamed to them), and on leaving, every watch open during the cut ends: its client watches again
         from the resourceVersion it had, and is answered 410 Gone if that was compacted meanwhile."""
-        self.watches_cut = True
+        with self.lock:  # a watch reads the store under the lock: no change made inside reaches it
+            self.watches_cut = True
         try:
             yield
         finally:
-            self.watch_cuts += 1
-            self.watches_cut = False
+            with self.lock:
+                self.watch_cuts += 1
+                self.watches_cut = False
 
     @property
     def url(self) -> str:
@@ -419,34 +420,17 @@ class _Handler(BaseHTTPRequestHandler):
             sent, marked = since, since
             cuts = kube.watch_cuts
             while time.monotonic() < deadline and not kube.stopped:
-                if kube.watches_cut:
+                with kube.lock:  # the cut is checked with the store read: a change made during it is never sent
+                    if kube.watch_cuts != cuts:  # its connection was lost: the client must watch again
+                        break
+                    cut = kube.watches_cut
+                    if not cut:
+                        lines = kube.changes_since(plural, ns, sent, since, selected)
+                        now_rv = kube.current_rv()
+                if cut:
                     time.sleep(0.02)
                     continue
-                if kube.watch_cuts != cuts:  # its connection was lost: the client must watch again
-                    break
-                with kube.lock:
-                    changes = [
-                        (int(o["metadata"]["resourceVersion"]), o)
-                        for (p, n, _), o in kube.objects.items()
-                        if p == plural and n == ns and int(o["metadata"]["resourceVersion"]) > sent and selected(o)
-                    ]
-                    lines = [
-                        (
-                            rv,
-                            {
-                                "type": "ADDED" if kube.created_rv.get(o["metadata"]["uid"], 0) > since else "MODIFIED",
-                                "object": copy.deepcopy(o),
-                            },
-                        )
-                        for rv, o in changes
-                    ]
-                    lines += [
-                        (rv, {"type": "DELETED", "object": copy.deepcopy(o)})
-                        for rv, p, n, o in kube.tombstones
-                        if p == plural and n == ns and rv > sent and selected(o)
-                    ]
-                    now_rv = kube.current_rv()
-                for rv, line in sorted(lines, key=lambda item: item[0]):
+                for rv, line in lines:
                     self._chunk(line)
                     sent = max(sent, rv)
                 if bookmarks and now_rv > marked:  # the store moved: tell the client how far it got

@@ -25,6 +25,7 @@ import re
 import string
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -195,6 +196,23 @@ class Store:
         """Called, under the lock, after an object was replaced or patched."""
 
     # --- the API's verbs
+
+    def changes_since(
+        self, plural: str, ns: str, sent: int, since: int, selected: Callable[[dict[str, Any]], bool]
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """A watch's lines for what changed in `plural` of `ns` after resourceVersion `sent` (the caller holds the
+        lock), in order: ADDED for an object created after the watch's `since`, else MODIFIED; DELETED."""
+        lines = [
+            (rv, "ADDED" if self.created_rv.get(o["metadata"]["uid"], 0) > since else "MODIFIED", o)
+            for (p, n, _), o in self.objects.items()
+            if p == plural and n == ns and (rv := int(o["metadata"]["resourceVersion"])) > sent and selected(o)
+        ]
+        lines += [
+            (rv, "DELETED", o)
+            for rv, p, n, o in self.tombstones
+            if p == plural and n == ns and rv > sent and selected(o)
+        ]
+        return [(rv, {"type": kind, "object": copy.deepcopy(o)}) for rv, kind, o in sorted(lines, key=lambda x: x[0])]
 
     def get(self, plural: str, ns: str, name: str) -> dict[str, Any] | None:
         with self.lock:

@@ -28,7 +28,7 @@ from typing import Any
 
 from ftplane import contract
 from ftplane.contract import EventType, collective_broken
-from ftplane.trainer.agent.launcher_output import GroupRestarted, RankExit, RankFailed, round_cause
+from ftplane.trainer.agent.launcher_output import GroupRestarted, RankExit, RankFailed, round_cause, silence_cause
 from ftplane.trainer.agent.rank_logs import RankLogs
 from ftplane.trainer.agent.tracebacks import exception_in
 from ftplane.trainer.agent.uplink import NodeEvents
@@ -58,6 +58,13 @@ def with_tail(cause: dict[str, Any], lines: list[str]) -> dict[str, Any]:
     elif cause.get("signal") == "SIGABRT" and any(collective_broken(line) for line in lines):
         out["consequence"] = True  # NCCL's watchdog aborts a rank whose collective a peer's exit left waiting
     return out
+
+
+def as_round_ended(held: Held, final: Mapping[int, RankExit]) -> Held:
+    """A held fact as its round's end tells it: a failure with what the launcher said of it since."""
+    if isinstance(held, RankFailed) and held.failure.pid in final:
+        return RankFailed(held.round, final[held.failure.pid])
+    return held
 
 
 def raised_in(rank: int, lines: list[str]) -> dict[str, Any] | None:
@@ -111,7 +118,8 @@ class FailureContext:
         with self._cond:
             if isinstance(fact, GroupRestarted):
                 self.logs.new_cycle(fact.restart_count)
-                self._held = [(now, held, added) for _, held, added in self._held]
+                final = {failure.pid: failure for failure in fact.failures}  # silence a monitor said late included
+                self._held = [(now, as_round_ended(held, final), added) for _, held, added in self._held]
                 self._held.append((now, fact, facts or {}))
             else:
                 self._held.append((now + self.max_hold_s, fact, facts or {}))
@@ -166,7 +174,7 @@ class FailureContext:
         injected = self.injected(round_)
         if injected is not None and isinstance(injected.get("rank"), int):
             injected = with_tail(injected, self.logs.tail(injected["rank"], round_))
-        cause = injected or self._round_cause(list(fact.failures), round_)
+        cause = injected or self._round_cause(fact)
         if injected is not None and isinstance(pid := injected.get("pid"), int) and pid not in self._causes:
             # The launcher names only the first exit of a round, often a peer's broken collective: the rank this
             # agent crashed itself still gets its `rank_failed` (the same key as the launcher's would have).
@@ -195,10 +203,15 @@ class FailureContext:
     def _exit_key(self, pid: int) -> str:
         return f"agent:{self.uplink.node}:a{self.uplink.attempt}:pid{pid}:exit"
 
-    def _round_cause(self, failures: list[RankExit], round_: int) -> dict[str, Any]:
-        """The round's root cause among the failures the launcher named; when all of them are consequences (or
-        it named none), a rank of this node that raised an exception of its own in the round."""
+    def _round_cause(self, fact: GroupRestarted) -> dict[str, Any]:
+        """The round's root cause among the failures the launcher named; when none of them was killed for silence
+        but a rank's monitor said it was silent, that rank (the first); when all of them are consequences (or it
+        named none), a rank of this node that raised an exception of its own in the round."""
+        failures, round_ = list(fact.failures), fact.restart_count - 1
         cause = round_cause(failures, self._cause_of)
+        if cause.get("cause_class") != "hang" and fact.silent:
+            rank, silent_s = next(iter(fact.silent.items()))
+            return with_tail(silence_cause(rank, silent_s), self.logs.tail(rank, round_))
         if failures and cause.get("consequence") is not True:
             return cause
         named = {f.rank for f in failures}

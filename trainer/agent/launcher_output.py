@@ -22,6 +22,7 @@ as the group is torn down, are collateral.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 from collections.abc import Callable
@@ -100,6 +101,16 @@ class RankExit:
         return f"rank {self.rank}" if self.rank is not None else f"local rank {self.local_rank}"
 
 
+def silence_cause(rank: int, silent_s: float) -> dict[str, Any]:
+    """The cause of a round whose rank `rank` its monitor found silent, when the launcher never named its exit."""
+    return {
+        "cause": f"rank {rank} stopped (ft_launcher: no heartbeat for {silent_s:g} s)",
+        "cause_class": "hang",
+        "rank": rank,
+        "silent_s": silent_s,
+    }
+
+
 def root_cause(failures: list[RankExit], consequence: Callable[[RankExit], bool] | None = None) -> RankExit | None:
     """contract.root_cause over a round's failures; `consequence` says which broke because a peer failed."""
     return contract.root_cause(
@@ -151,6 +162,9 @@ class GroupRestarted:
     restart_count: int  # 1 for the first in-job restart
     failures: tuple[RankExit, ...]
     attempts_left: int
+    # The ranks the rank monitors said were silent in the round, in the order they said it: rank -> the timeout
+    # that elapsed. The launcher may name a silent rank's exit before its monitor's line, or not at all.
+    silent: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -216,7 +230,8 @@ class LauncherOutput:
             return [Verdict(f"NVRx: {verdict[1].strip()[:300]}")]
         restart = GROUP_RESTART.search(line)
         if restart:
-            fact = GroupRestarted(self.round + 1, tuple(self.failures), attempts_left=int(restart[2]))
+            failures = tuple(self._with_silence(f) for f in self.failures)
+            fact = GroupRestarted(self.round + 1, failures, attempts_left=int(restart[2]), silent=dict(self._silent))
             self.round += 1
             self.failures = []
             self._silent = {}
@@ -228,8 +243,14 @@ class LauncherOutput:
             return []
         self._seen_pids.add(pid)
         rank = self.rank_of_pid.get(pid, self.rank_of_local.get(local_rank))
-        # the monitor names the rank it serves: the global rank where known, else the local one
-        silent = self._silent.get(rank if rank is not None else local_rank) if code < 0 else None
-        failure = RankExit(local_rank, pid, code, rank=rank, silent_s=silent)
+        failure = self._with_silence(RankExit(local_rank, pid, code, rank=rank))
         self.failures.append(failure)
         return [RankFailed(self.round, failure)]
+
+    def _with_silence(self, failure: RankExit) -> RankExit:
+        """`failure`, marked killed for silence when its rank's monitor has said so in this round (the monitor
+        names the rank it serves: the global rank where known, else the local one)."""
+        if failure.silent_s is not None or failure.exit_code >= 0:
+            return failure
+        silent = self._silent.get(failure.rank if failure.rank is not None else failure.local_rank)
+        return failure if silent is None else dataclasses.replace(failure, silent_s=silent)

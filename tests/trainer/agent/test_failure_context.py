@@ -209,3 +209,34 @@ def test_a_rank_the_agent_crashed_gets_its_rank_failed_when_the_launcher_names_o
     assert failed[1]["details"]["injected"] is True and failed[1]["key"] == "agent:node-a:a0:pid51:exit"
     (restart,) = [e for e in uplink.events if e["type"] == EventType.injob_restart]
     assert restart["details"]["rank"] == 1 and restart["details"]["injected"] is True
+
+
+def test_a_silent_rank_the_launcher_never_named_is_the_cause_before_its_peers_broken_collective(tmp_path: Path) -> None:
+    """Rank 1 hangs; its monitor kills it; rank 0's gloo collective breaks and the launcher names only rank 0."""
+    logs = RankLogs(tmp_path / "logs", Redactor())
+    uplink = Recorded()
+    context = FailureContext(uplink, "job1", logs, injected=lambda round_: None, max_hold_s=60)
+    broken = RankExit(local_rank=0, pid=40, exit_code=1, rank=0)
+    for line in rank_lines(0, 0):
+        logs.rank_line(0, line)
+    logs.rank_line(1, "step 12")
+    context.hold(RankFailed(0, broken))
+    context.hold(GroupRestarted(1, (broken,), attempts_left=1, silent={1: 4.0}))
+    context.close()
+    first, restart = (e["details"] for e in uplink.events)
+    assert first["consequence"] is True
+    assert restart["cause"] == "rank 1 stopped (ft_launcher: no heartbeat for 4 s)"
+    assert (restart["cause_class"], restart["rank"], restart["silent_s"]) == ("hang", 1, 4.0)
+    assert restart["tail"] == "step 12"
+
+
+def test_a_held_failure_is_reported_as_its_round_ended(tmp_path: Path) -> None:
+    """The monitor's line came after the launcher named the exit: the rank's `rank_failed` says it was silent."""
+    uplink = Recorded()
+    context = FailureContext(uplink, "job1", RankLogs(tmp_path / "logs", Redactor()), lambda r: None, max_hold_s=60)
+    killed = RankExit(local_rank=1, pid=41, exit_code=-9, rank=1)
+    context.hold(RankFailed(0, killed))
+    context.hold(GroupRestarted(1, (RankExit(1, 41, -9, rank=1, silent_s=4.0),), attempts_left=1, silent={1: 4.0}))
+    context.close()
+    failed, restart = (e["details"] for e in uplink.events)
+    assert failed["cause_class"] == restart["cause_class"] == "hang" and failed["silent_s"] == 4.0

@@ -75,6 +75,18 @@ def test_a_rank_killed_for_no_heartbeat_is_the_root_cause_of_its_round_only() ->
     assert round_cause(later)["cause"] == "rank 1 killed by SIGKILL"  # the next round's kill had no timeout before it
 
 
+def test_a_monitors_silence_said_after_the_launcher_named_the_exit_still_marks_it_at_the_rounds_end() -> None:
+    """The rank monitors are processes of their own: their lines and the launcher's share a pipe in no set order."""
+    late = "\n".join([*HUNG_LOG.splitlines()[2:4], *HUNG_LOG.splitlines()[:2], HUNG_LOG.splitlines()[4]])
+    facts = read(late, {101: 0, 102: 1})
+    first = next(f for f in facts if isinstance(f, RankFailed) and f.failure.pid == 102)
+    assert first.failure.silent_s is None  # as the launcher named it
+    restart = next(f for f in facts if isinstance(f, GroupRestarted))
+    assert restart.silent == {1: 8.0}
+    cause = round_cause(list(restart.failures))
+    assert cause["cause"] == "rank 1 killed by SIGKILL (ft_launcher: no heartbeat for 8 s)"
+
+
 def test_nvrx_finding_the_node_unhealthy_is_read_with_its_reason() -> None:
     from ftplane.trainer.agent.launcher_output import NodeUnhealthy
 

@@ -82,6 +82,8 @@ def running_attempt(fake: FakeKube, backend: KubernetesBackend, nodes: int = 4) 
 def test_a_watch_compacted_away_mid_attempt_lists_again_and_sees_what_changed_in_the_gap(fake):
     backend = backend_for(fake, node_refresh_s=3600.0)
     spec, name, watch = running_attempt(fake, backend)
+    newest = fake.current_rv()
+    wait_for("the watch to catch up", lambda: watch.applied >= newest, 30)  # a bookmark may still be on its way
     had = watch.resource_version
     before = len(fake.requests)
     with fake.cut_watches():  # the watch's connection lost for a while
