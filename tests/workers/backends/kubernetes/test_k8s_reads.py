@@ -83,7 +83,11 @@ def test_a_watch_compacted_away_mid_attempt_lists_again_and_sees_what_changed_in
     backend = backend_for(fake, node_refresh_s=3600.0)
     spec, name, watch = running_attempt(fake, backend)
     newest = fake.current_rv()
-    wait_for("the watch to catch up", lambda: watch.applied >= newest, 30)  # a bookmark may still be on its way
+
+    def watching() -> bool:  # its thread has asked to watch, and a bookmark it was due has reached it
+        return any(verb == "watch" for verb, _ in pod_requests(fake, 0)) and watch.applied >= newest
+
+    wait_for("the watch to watch and catch up", watching, 30)
     had = watch.resource_version
     before = len(fake.requests)
     with fake.cut_watches():  # the watch's connection lost for a while
