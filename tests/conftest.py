@@ -9,7 +9,9 @@ tests running side by side never see each other's tasks or keys.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -60,13 +62,13 @@ def require(value: str | None, what: str) -> str:
 
 
 @contextmanager
-def postgres_database() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database, dropped afterwards."""
+def postgres_database(template: str | None = None) -> Iterator[str]:
+    """A fresh PostgreSQL database, empty or a copy of `template`'s, dropped afterwards."""
     base = make_url(require(PG_URL, "FTPLANE_TEST_DATABASE_URL"))
     name = f"ftplane_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
+        connection.execute(text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
     try:
         yield base.set(database=name).render_as_string(hide_password=False)
     finally:
@@ -77,15 +79,52 @@ def postgres_database() -> Iterator[str]:
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
+    """An empty PostgreSQL database."""
     with postgres_database() as url:
         yield url
 
 
+# Each test's database starts as a copy of one migrated at the start of its test process: migrating anew for
+# every test was a tenth of the suite's CPU (tests/api/test_migrations.py migrates empty ones).
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres() -> Iterator[str]:
+    """The name of this test process's migrated PostgreSQL database (a template: nothing connects to it)."""
+    from api.core.config import Settings
+    from api.core.db import upgrade_to_head
+
+    with postgres_database() as url:
+        upgrade_to_head(Settings(), url=url)  # not get_settings(): nothing of the test's environment is cached
+        yield str(make_url(url).database)
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from api.core.config import Settings
+    from api.core.db import upgrade_to_head
+
+    path = tmp_path_factory.mktemp("migrated") / "ftplane.db"
+    upgrade_to_head(Settings(), url=f"sqlite:///{path}")
+    return path
+
+
+def copy_sqlite(source: Path, target: Path) -> None:
+    """SQLite's own online backup: the copy holds what is committed, in the WAL or not."""
+    with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database at the newest migration, on SQLite and on PostgreSQL."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ftplane.db'}"
-    return str(request.getfixturevalue("postgres_url"))
+        path = tmp_path / "ftplane.db"
+        copy_sqlite(request.getfixturevalue("migrated_sqlite"), path)
+        yield f"sqlite:///{path}"
+        return
+    with postgres_database(template=request.getfixturevalue("migrated_postgres")) as url:
+        yield url
 
 
 def configure_env(monkeypatch: pytest.MonkeyPatch, data_dir: Path, database_url: str, **extra: str) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -12,6 +14,14 @@ from sqlalchemy import create_engine, inspect
 
 from api.core.db import alembic_config
 from api.database.tables import Base
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database (the suite's other tests start from a migrated one)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ftplane.db'}"
+    return str(request.getfixturevalue("postgres_url"))
 
 
 def test_models_and_migrations_agree(database_url: str) -> None:
