@@ -76,18 +76,20 @@ def running_attempt(fake: FakeKube, backend: KubernetesBackend, nodes: int = 4) 
     assert backend.status(JOB_ID, 0, spec).phase == AttemptPhase.running
     watch = backend.pod_watches.get(NS, m.attempt_selector(JOB_ID, 0))
     assert watch is not None
+    # Before a test counts requests: the watch's thread has asked to watch, and what it was due has reached it.
+    newest = fake.current_rv()
+    watching = wait_for(
+        "the watch to watch and catch up",
+        lambda: any(verb == "watch" for verb, _ in pod_requests(fake, 0)) and watch.applied >= newest,
+        30,
+    )
+    assert watching
     return spec, name, watch
 
 
 def test_a_watch_compacted_away_mid_attempt_lists_again_and_sees_what_changed_in_the_gap(fake):
     backend = backend_for(fake, node_refresh_s=3600.0)
     spec, name, watch = running_attempt(fake, backend)
-    newest = fake.current_rv()
-
-    def watching() -> bool:  # its thread has asked to watch, and a bookmark it was due has reached it
-        return any(verb == "watch" for verb, _ in pod_requests(fake, 0)) and watch.applied >= newest
-
-    wait_for("the watch to watch and catch up", watching, 30)
     had = watch.resource_version
     before = len(fake.requests)
     with fake.cut_watches():  # the watch's connection lost for a while
