@@ -54,8 +54,12 @@ def test_the_untouched_script_is_supervised_and_its_steps_read_from_its_output(
     assert receiver.max_step(0) == receiver.max_step(1) == 30  # read from each rank's own lines
     # Nothing went wrong, and the script reports nothing itself: the agent says the run runs (its ranks are up,
     # and their lines show its first step: where it began, a plain pattern does not say).
-    runs = {e["details"]["basis"]: e for e in receiver.events.values()}
-    assert set(runs) == {"processes", "progress"} and all(e["type"] == "running" for e in runs.values())
+    with receiver.lock:
+        reported = list(receiver.events.values())
+    said = [(e["type"], e.get("rank"), {k: e["details"].get(k) for k in ("basis", "cause")}) for e in reported]
+    assert [e["type"] for e in reported] == ["running", "running"], said
+    runs = {e["details"]["basis"]: e for e in reported}
+    assert set(runs) == {"processes", "progress"}
     assert runs["progress"]["details"]["start_step"] is None
     with receiver.lock:
         report = receiver.reports[-1]
