@@ -38,6 +38,7 @@ from bench.common import (
     LoadResult,
     create_admin_token,
     database_of_kind,
+    load_line,
     machine,
     postgres_processes,
     run_load,
@@ -118,13 +119,8 @@ def run_database(kind: str, args: argparse.Namespace) -> list[Outcome]:
                 result, cpu = run_load(load, meter)
                 outcome = Outcome(kind, mode, result, cpu, issuer.jwks_requests - fetched)
                 outcomes.append(outcome)
-                print(
-                    f"{kind} / {mode}: {outcome.requests_per_s:,.0f} req/s, p50 {result.p(50):.1f} ms, "
-                    f"p99 {result.p(99):.1f} ms, errors {result.errors} {result.statuses}, API "
-                    f"{cpu.get('api', 0):.2f} cores, other {cpu.get('other', 0):.2f}, JWKS fetches "
-                    f"{outcome.jwks_fetches}",
-                    flush=True,
-                )
+                line = load_line(f"{kind} / {mode}", outcome.requests_per_s, result, cpu)
+                print(f"{line}, JWKS fetches {outcome.jwks_fetches}", flush=True)
                 time.sleep(1)
     return outcomes
 

@@ -304,6 +304,14 @@ def run_load(load: Load, meter: CpuMeter | None = None) -> tuple[LoadResult, dic
 _MEASURING = "measuring"
 
 
+def load_line(label: str, requests_per_s: float, result: LoadResult, cpu: dict[str, float]) -> str:
+    """One measured mode as a benchmark prints it while it runs."""
+    return (
+        f"{label}: {requests_per_s:,.0f} req/s, p50 {result.p(50):.1f} ms, p99 {result.p(99):.1f} ms, "
+        f"errors {result.errors} {result.statuses}, API {cpu.get('api', 0):.2f} cores, other {cpu.get('other', 0):.2f}"
+    )
+
+
 def _load_child(load: Load, queue: Any) -> None:
     asyncio.run(_drive(load, queue.put))
 

@@ -40,6 +40,7 @@ from bench.common import (
     LoadResult,
     create_admin_token,
     database_of_kind,
+    load_line,
     machine,
     postgres_processes,
     run_load,
@@ -179,12 +180,7 @@ def run_database(kind: str, args: argparse.Namespace) -> list[Outcome]:
                     result, cpu = run_load(load, meter)
                     outcome = Outcome(kind, mode, result, cpu)
                     outcomes.append(outcome)
-                    print(
-                        f"{kind} / {name}: {outcome.requests_per_s:,.0f} req/s, p50 {result.p(50):.1f} ms, "
-                        f"p99 {result.p(99):.1f} ms, errors {result.errors} {result.statuses}, "
-                        f"API {cpu.get('api', 0):.2f} cores, other {cpu.get('other', 0):.2f}",
-                        flush=True,
-                    )
+                    print(load_line(f"{kind} / {name}", outcome.requests_per_s, result, cpu), flush=True)
                     time.sleep(1)
     return outcomes
 
