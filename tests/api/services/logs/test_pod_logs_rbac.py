@@ -12,7 +12,7 @@ from api.services.logs.pods import PodLogs
 from tests.fake_kubernetes import FakeKube
 from tests.support.paths import REPO
 from tests.workers.backends.kubernetes.k8s_support import JOB_ID, NS, SPEC, make_request
-from tests.workers.backends.kubernetes.test_k8s_deploy import rules_of, verb_of
+from tests.workers.backends.kubernetes.test_k8s_rbac import rules_of, verb_of
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.kubernetes import manifests as m
 
