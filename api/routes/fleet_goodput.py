@@ -13,6 +13,7 @@ from api.core.errors import ApiError, responses
 from api.deps import MemberDep, SessionDep, authorize
 from api.schemas.events import Instant, utcnow
 from api.schemas.fleet import Duration, FleetGoodputOut, GroupBy, LabelMatch
+from api.schemas.spec import DNS_LABEL
 from api.services import lifecycle
 from api.services.fleet import pricing, window
 from api.services.fleet.query import Scope
@@ -37,9 +38,7 @@ def get_fleet_goodput(
         list[LabelMatch], Query(max_length=32, description="key=value; every given label must match (repeatable).")
     ] = [],  # noqa: B006
     status_: Annotated[list[lifecycle.JobStatus], Query(alias="status", max_length=8)] = [],  # noqa: B006
-    project: Annotated[
-        str | None, Query(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Only this one.")
-    ] = None,
+    project: Annotated[str | None, Query(max_length=63, pattern=DNS_LABEL, description="Only this one.")] = None,
     top: Annotated[int, Query(ge=0, le=100, description="How many of the jobs that lost the most to list.")] = 10,
 ) -> FleetGoodputOut:
     """Wall, productive and lost GPU-hours by cause, ETTR, faults by cause class, mean time between faults and jobs,

@@ -17,6 +17,7 @@ from api.core.authz import CLUSTER_ADMIN, Role
 from api.core.errors import ApiError, responses
 from api.core.openapi import link, links
 from api.deps import AuditDep, MemberDep, SessionDep, authorize, project_for, require_cluster_admin
+from api.schemas.spec import DNS_LABEL
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
 
@@ -45,7 +46,7 @@ class TokenIn(BaseModel):
         default=None,
         min_length=1,
         max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=DNS_LABEL,
         description="The project the token acts in (its admins may make it); absent: a cluster admin's token.",
     )
     role: Literal["viewer", "operator", "admin", "cluster-admin"] | None = Field(

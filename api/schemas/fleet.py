@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.schemas.kubernetes_spec import LabelValue, keys_match_pattern
-from api.schemas.spec import LABEL_KEY, LabelKey
+from api.schemas.spec import DNS_LABEL, LABEL_KEY, LabelKey
 
 _KEY = LABEL_KEY.removeprefix("^").removesuffix("$")
 _VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
@@ -114,14 +114,14 @@ class ObjectiveIn(BaseModel):
         default="default",
         min_length=1,
         max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=DNS_LABEL,
         description="The project whose jobs it covers (the caller must be its admin).",
     )
     name: str = Field(
         default="ettr",
         min_length=1,
         max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=DNS_LABEL,
         description="A name people read (need not be unique).",
     )
     selector: dict[LabelKey, LabelValue] = Field(

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.schemas.events import EventType
 from api.schemas.kubernetes_spec import LabelValue, keys_match_pattern
-from api.schemas.spec import LabelKey
+from api.schemas.spec import DNS_LABEL, LabelKey
 from api.webhooks.messages import DEFAULT_EVENT_TYPES
 
 # A receiver's URL as the API accepts it: http(s), a host (a name, or an IPv6 address in brackets), an
@@ -44,7 +44,7 @@ class WebhookIn(BaseModel):
         default="default",
         min_length=1,
         max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=DNS_LABEL,
         description="The project whose jobs' events are delivered (the caller must be its admin).",
     )
     url: str = Field(
