@@ -62,7 +62,10 @@ def test_submit_get_describe_events_cancel(served: dict[str, str]) -> None:
     assert cancelled["cancel_requested"] or cancelled["status"] == "CANCELLED"
     followed = ftplane(served, "events", job_id, "--follow", "-o", "json").stdout  # returns once the job ends
     types = [json.loads(line)["type"] for line in followed.splitlines()]
-    assert types[0] == "submitted" and types[-1] == "cancelled"
+    assert types[0] == "submitted" and "cancelled" in types, types
+    # The ranks the cancel stopped may be reported by their node after the control plane recorded it.
+    after = types[types.index("cancelled") + 1 :]
+    assert set(after) <= {"rank_failed"}, types
 
 
 def test_invalid_spec_is_refused_with_the_field(served: dict[str, str]) -> None:
