@@ -315,6 +315,7 @@ def token_create(
     from api import models
     from api.core.authz import Role
     from api.core.db import session_scope, upgrade_to_head
+    from api.services.audit import host_change
 
     if role is not None and project is None:
         fail("--role needs --project (a token without a project is a cluster admin's)")
@@ -325,6 +326,7 @@ def token_create(
         given = Role((role or TokenRole.viewer).value) if project is not None else None
         row, token = models.tokens.create(session, name, project=project, role=given)
         token_id, token_role = row.id, row.role
+        host_change(session, "ftplane token create", "token", token_id, project, name=name, role=token_role)
     if output == Output.json:
         print_json({"id": token_id, "name": name, "project": project, "role": token_role, "token": token})
     else:

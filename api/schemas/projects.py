@@ -72,9 +72,12 @@ class AuditOut(BaseModel):
 
     id: int
     ts: datetime
-    actor: str = Field(description="The token's id, or jwt:<issuer>#<subject>.")
-    actor_kind: str
-    actor_name: str = Field(description="The token's name, or the JWT's subject.")
+    actor: str = Field(
+        description="The token's id, jwt:<issuer>#<subject>, or host:<user>@<machine> for a change made on a host "
+        "with the database's credentials (`ftplane token create`)."
+    )
+    actor_kind: str = Field(description="token, jwt, anonymous or host.")
+    actor_name: str = Field(description="The token's name, the JWT's subject, or the host's user.")
     issuer: str | None
     action: str = Field(description="METHOD and route, e.g. POST /v1/jobs/{job_id}/cancel.")
     object_type: str

@@ -8,12 +8,15 @@ known (403, 404, 409, 422, ...) rolls its session back; `record_refusal` then wr
 outcome, in a transaction of its own.
 
 Audited: POST, PUT, PATCH and DELETE on every /v1 router that `api/main.py` includes with the audit
-dependency (all but the node reports, which are the nodes' own traffic, not people's changes).
+dependency (all but the node reports, which are the nodes' own traffic, not people's changes), and the changes
+made on a host with the database's credentials, without the API (`host_change`: `ftplane token create`).
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
+import socket
 from typing import Any
 
 from fastapi import Request
@@ -86,6 +89,30 @@ def begin(request: Request, session: Session, principal: Principal) -> AuditTrai
     trail = AuditTrail(session, entry)
     request.state.audit = trail
     return trail
+
+
+def host_change(
+    session: Session, action: str, object_type: str, object_id: str, project: str | None, **details: Any
+) -> AuditEntry:
+    """The row of a change made on this host straight to the database (no token: the actor is the host's user),
+    in the change's own session."""
+    user = getpass.getuser()
+    machine = socket.gethostname()
+    entry = AuditEntry(
+        ts=utcnow(),
+        actor=f"host:{user}@{machine}"[:300],
+        actor_kind="host",
+        actor_name=user[:300],
+        issuer=None,
+        action=action[:120],
+        object_type=object_type,
+        object_id=object_id,
+        project=project,
+        address=None,
+        outcome=201,
+        details=details,
+    )
+    return models.audit.add(session, entry)
 
 
 def _object(template: str, params: dict[str, Any]) -> tuple[str, str | None]:

@@ -118,8 +118,12 @@ def test_projects_project_tokens_and_the_audit_log(served: dict[str, str]) -> No
     assert [(e["action"], e["outcome"]) for e in entries] == [
         ("POST /v1/projects", 201),
         ("POST /v1/projects/{project}/bindings", 201),
+        ("ftplane token create", 201),
         ("POST /v1/jobs", 201),
     ]
+    made_here = entries[2]
+    assert (made_here["actor_kind"], made_here["object_id"]) == ("host", operator["id"])
+    assert made_here["actor"].startswith("host:") and made_here["details"] == {"name": "cv-ops", "role": "operator"}
     assert entries[-1]["actor_name"] == "cv-ops" and entries[-1]["object_id"] == job["id"]
     table = ftplane(served, "audit", "--actor", "cv-ops").stdout
     assert "POST /v1/jobs" in table and "422" in table  # the refused submission to `default` too

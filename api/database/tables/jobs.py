@@ -58,8 +58,8 @@ class AuditEntry(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     ts: Mapped[datetime] = mapped_column(default=utcnow, index=True)
-    actor: Mapped[str] = mapped_column(String(300))  # a token's id, or jwt:<issuer>#<subject>
-    actor_kind: Mapped[str] = mapped_column(String(16))  # token | jwt | anonymous
+    actor: Mapped[str] = mapped_column(String(300))  # a token's id, jwt:<issuer>#<subject>, or host:<user>@<machine>
+    actor_kind: Mapped[str] = mapped_column(String(16))  # token | jwt | anonymous | host
     actor_name: Mapped[str] = mapped_column(String(300))  # the token's name, or the JWT's subject
     issuer: Mapped[str | None] = mapped_column(String(300), default=None)
     action: Mapped[str] = mapped_column(String(120))  # METHOD /route/{template}
