@@ -6,8 +6,8 @@ the local backend under real ft_launcher, a uvicorn API on PostgreSQL. The worke
 points (`api/core/killpoints.py`: `FTPLANE_TEST_KILL_AT`), each inside the window it is named for;
 the test checks what the dead worker left before starting the next one. Assertions are on the
 database: one launch per attempt, unique events, every job at its terminal state, every webhook
-delivery delivered, the interrupted one twice with the same webhook-id, every acknowledged batch
-stored exactly once.
+delivery delivered, the interrupted one twice with the same webhook-id (the others once per recorded try),
+every acknowledged batch stored exactly once.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def test_worker_killed_while_launching_supervising_and_delivering(
         "FTPLANE_QUEUE": f"ftplane-crash-{uuid.uuid4().hex[:8]}",
         "FTPLANE_SUPERVISE_INTERVAL_S": "0.5",
         "FTPLANE_WEBHOOK_ALLOW_PRIVATE": "true",
-        "FTPLANE_WEBHOOK_TIMEOUT_S": "0.5",  # a delivery held by a dead worker is swept after 34 s + 15 s
+        # A delivery held by a dead worker is swept after its lease (8 x 1 s + 30 s) and the sweep's 15 s grace.
+        "FTPLANE_WEBHOOK_TIMEOUT_S": "1",
     }
     data_dir = tmp_path / "state"
     configure_env(monkeypatch, data_dir, postgres_url, **settings)
@@ -200,15 +201,21 @@ def test_worker_killed_while_launching_supervising_and_delivering(
             assert types["submitted"] == 1 and types["succeeded"] == 1, types
             assert all(n == 1 for n in types.values()), f"an event of {job_id} was recorded twice: {types}"
         # One delivery per (subscription, event), each delivered.
-        rows = session.execute(select(WebhookDelivery.event_id, WebhookDelivery.status, WebhookDelivery.id)).all()
+        rows = session.execute(
+            select(WebhookDelivery.event_id, WebhookDelivery.status, WebhookDelivery.id, WebhookDelivery.attempts)
+        ).all()
         events = session.scalar(
             select(func.count()).select_from(Event).where(Event.type.in_(["submitted", "succeeded"]))
         )
     assert len(rows) == events == 2 * len(jobs)
     assert len({r.event_id for r in rows}) == len(rows) and {r.status for r in rows} == {"delivered"}
-    # The receiver got each delivery once, and the interrupted one again, with the same webhook-id.
+    # The receiver got the interrupted delivery twice, with the same webhook-id, and every other one once per try
+    # the outbox recorded: once, unless the loaded machine answered a try after its timeout, which is then retried.
     received = collections.Counter(r.webhook_id for r in receiver.requests)
-    assert received == {r.id: 2 if r.id == delivery else 1 for r in rows}, received
+    assert set(received) == {r.id for r in rows}, received
+    tries = {r.id: r.attempts for r in rows}
+    assert 2 <= received[delivery] <= tries[delivery], (received, tries)
+    assert all(1 <= received[i] <= tries[i] for i in tries), (received, tries)
     assert worker.worker.starts == 4
     print(
         f"\n3 kill -9 of the worker, each at its point (launch.started, reconcile.ended, webhook.posted), "

@@ -17,6 +17,10 @@ Unless it was already silent for the timeout when that report came: the launcher
 shares the timeout and may restart a hung rank (the report) before a pass of this
 supervisor sees it overdue. Such a rank hung; its hang is recorded (once, like any
 other) but not escalated: the launcher is recovering it.
+
+A rank that reported the run's last step is finishing (its last checkpoint, the process
+group's teardown, the exit), which on a loaded node takes longer than a step: it too gets
+the initial timeout, counted from its last beat. A rank that hangs on its way out is still found.
 """
 
 from __future__ import annotations
@@ -86,10 +90,15 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
         assert restarting_since is not None
         return (restarting_since - rank.last_seen).total_seconds() >= timeout - HUNG_BEFORE_RESTART_TOLERANCE_S
 
+    def finishing(rank: RankLiveness) -> bool:
+        return job.total_steps is not None and rank.step >= job.total_steps
+
     def deadline(rank: RankLiveness) -> datetime:
         if restarting(rank):
             assert restarting_since is not None
             return restarting_since + timedelta(seconds=spec.resiliency.initial_heartbeat_timeout_s)
+        if finishing(rank):
+            return rank.last_seen + timedelta(seconds=spec.resiliency.initial_heartbeat_timeout_s)
         return rank.last_seen + timedelta(seconds=timeout)
 
     # Only ranks quiet for the shorter of the two timeouts can be silent: read those alone (a 16k-rank job's
@@ -120,6 +129,11 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
             cause = (
                 f"no heartbeat {(now - restarting_since).total_seconds():.1f} s after a restart began "
                 f"(initial timeout {initial:g} s); last step {rank.step}"
+            )
+        elif finishing(rank):
+            initial = spec.resiliency.initial_heartbeat_timeout_s
+            cause = (
+                f"no heartbeat for {quiet:.1f} s after the run's last step {rank.step} (initial timeout {initial:g} s)"
             )
         if rank in silent:
             worst = max(worst, quiet)

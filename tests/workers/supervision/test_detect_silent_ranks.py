@@ -1,5 +1,6 @@
 """Silent ranks (workers/supervision/detect_silent_ranks.py): a hang and its escalation, the initial timeout
-of ranks restarting after a failure, and a hang the launcher is already recovering."""
+of ranks restarting after a failure or finishing after the run's last step, and a hang the launcher is already
+recovering."""
 
 from __future__ import annotations
 
@@ -97,3 +98,41 @@ def test_a_rank_the_launcher_restarted_for_a_hang_is_recorded_hung_but_not_escal
     assert hangs[0]["details"]["silent_s"] >= 21
     body = admin.get(f"/v1/jobs/{job['id']}").json()
     assert body["attempt"] == 0 and body["status"] != "FAILED"  # not escalated: the launcher has it
+
+
+def test_ranks_past_the_last_step_get_the_initial_timeout_to_finish(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """The last checkpoint and the exit take longer than a step on a loaded node: no hang within the initial
+    timeout of the last beat, a hang past it (a rank stuck on its way out), and a rank short of the last step is
+    held to the heartbeat timeout."""
+    from sqlalchemy import update
+
+    from api.core.db import session_scope
+    from api.database.tables import Job
+    from api.schemas.events import utcnow
+
+    job = make_job(resiliency={"heartbeat_timeout_s": 10, "initial_heartbeat_timeout_s": 60, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
+    now = utcnow()
+    with session_scope() as session:  # as a node report whose ranks know the total sets it (ingest/group_commit.py)
+        session.execute(update(Job).where(Job.id == job["id"]).values(total_steps=16))
+    last = [{"rank": 0, "step": 16}, {"rank": 1, "step": 16}]
+    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": last})
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["progress"]["total_steps"] == 16
+    last_seen(job["id"], {0: 25, 1: 25}, now)  # 2.5x the timeout, finishing
+    supervise(job["id"])
+    assert "hang_detected" not in event_types(admin, job["id"])
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["attempt"] == 0
+
+    last_seen(job["id"], {0: 61, 1: 25}, now)
+    supervise(job["id"])
+    hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
+    assert [h["rank"] for h in hangs] == [0] and "after the run's last step 16" in hangs[0]["details"]["cause"]
+
+    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": [{"rank": 1, "step": 15}]})
+    last_seen(job["id"], {1: 12}, now)  # short of the last step: the heartbeat timeout
+    supervise(job["id"])
+    hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
+    assert sorted(h["rank"] for h in hangs) == [0, 1]
