@@ -228,7 +228,9 @@ def _judge(
             slow = session.scalars(
                 select(StragglerSample.ts).where(StragglerSample.job_id == job.id, StragglerSample.rank == rank)
             )
-            closed.append((episode, end_of(passes, [_epoch(t) for t in slow])))
+            last_slow = end_of(passes, [_epoch(t) for t in slow])
+            # No slow pass left in the window (a clearing pass came late): the rank was last slow before it began.
+            closed.append((episode, last_slow if last_slow is not None else passes[0] if passes else None))
     return opened, closed
 
 

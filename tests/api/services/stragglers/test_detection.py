@@ -74,6 +74,29 @@ def test_one_slow_stretch_is_one_episode_detected_within_the_window_and_cleared_
     assert at(cleared, start) - cleared["details"]["recovered_s"] == 69  # the last slow pass
 
 
+def test_a_clearing_after_the_window_lost_every_slow_pass_dates_the_recovery_before_the_window(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """A loaded machine: the slow rank's reports stop arriving after its slowdown, so no pass can clear it until
+    they come back, by when its slow passes have left the window. The recovery is dated before the window, not
+    at the clearing (which would count the whole window as the straggler's)."""
+    job_id = running_job(admin, make_job, **SPEC)
+    start = drive(admin, job_id, 60, {5: (10, 60, 1.5)})
+    assert events_of(admin, job_id, "straggler_detected")
+    for t in range(60, 60 + int(2 * WINDOW) + 20):  # rank 5 is not heard from
+        now = start + timedelta(seconds=t)
+        beat(admin, job_id, now, {r: 1.0 for r in range(8) if r != 5}, step=t + 1)
+        run_pass(now)
+    assert not events_of(admin, job_id, "straggler_cleared")
+    back = start + timedelta(seconds=60 + int(2 * WINDOW) + 20)
+    beat(admin, job_id, back, dict.fromkeys(range(8), 1.0), step=200)
+    run_pass(back)
+    (cleared,) = events_of(admin, job_id, "straggler_cleared")
+    recovered = cleared["details"]["recovered_s"]
+    assert cleared["details"]["reason"] == "recovered"
+    assert WINDOW - 2 <= recovered <= WINDOW, recovered  # the window's first pass: no slow pass after it
+
+
 def test_noise_and_hiccups_open_no_episode(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
     job_id = running_job(admin, make_job, **SPEC)
     drive(admin, job_id, 80, {}, seed=7)
