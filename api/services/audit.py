@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import os
 import socket
 from typing import Any
 
@@ -94,9 +95,9 @@ def begin(request: Request, session: Session, principal: Principal) -> AuditTrai
 def host_change(
     session: Session, action: str, object_type: str, object_id: str, project: str | None, **details: Any
 ) -> AuditEntry:
-    """The row of a change made on this host straight to the database (no token: the actor is the host's user),
-    in the change's own session."""
-    user = getpass.getuser()
+    """The row of a creation made on this host straight to the database (no token: the actor is the host's user),
+    in the change's own session; its outcome is what the API answers a creation."""
+    user = _host_user()
     machine = socket.gethostname()
     entry = AuditEntry(
         ts=utcnow(),
@@ -113,6 +114,13 @@ def host_change(
         details=details,
     )
     return models.audit.add(session, entry)
+
+
+def _host_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container's uid with no passwd entry and no USER
+        return f"uid-{os.getuid()}"
 
 
 def _object(template: str, params: dict[str, Any]) -> tuple[str, str | None]:

@@ -77,6 +77,7 @@ def check(session: Session, job: Job) -> None:
 def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:
     now = utcnow()
     timeout = spec.resiliency.heartbeat_timeout_s
+    initial = spec.resiliency.initial_heartbeat_timeout_s  # restarting and finishing ranks'
     if not models.liveness.has_attempt(session, job.id, job.attempt):
         if not progress.reports_rank_progress(session, job, spec):
             return detect_silent_nodes(session, job, attempt, spec)
@@ -96,14 +97,12 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     def deadline(rank: RankLiveness) -> datetime:
         if restarting(rank):
             assert restarting_since is not None
-            return restarting_since + timedelta(seconds=spec.resiliency.initial_heartbeat_timeout_s)
-        if finishing(rank):
-            return rank.last_seen + timedelta(seconds=spec.resiliency.initial_heartbeat_timeout_s)
-        return rank.last_seen + timedelta(seconds=timeout)
+            return restarting_since + timedelta(seconds=initial)
+        return rank.last_seen + timedelta(seconds=initial if finishing(rank) else timeout)
 
     # Only ranks quiet for the shorter of the two timeouts can be silent: read those alone (a 16k-rank job's
     # rows are not loaded every pass), and skip the silences already recorded (their keys are stored).
-    shortest = min(timeout, spec.resiliency.initial_heartbeat_timeout_s)
+    shortest = min(timeout, initial)
     quiet_ranks = models.liveness.stale_ranks(session, job.id, job.attempt, now - timedelta(seconds=shortest))
     silent = [r for r in quiet_ranks if deadline(r) < now]
     hung_then_restarted = [r for r in quiet_ranks if deadline(r) >= now and restarting(r) and hung_before_restart(r)]
@@ -125,13 +124,11 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
             )
         elif restarting(rank):
             assert restarting_since is not None
-            initial = spec.resiliency.initial_heartbeat_timeout_s
             cause = (
                 f"no heartbeat {(now - restarting_since).total_seconds():.1f} s after a restart began "
                 f"(initial timeout {initial:g} s); last step {rank.step}"
             )
         elif finishing(rank):
-            initial = spec.resiliency.initial_heartbeat_timeout_s
             cause = (
                 f"no heartbeat for {quiet:.1f} s after the run's last step {rank.step} (initial timeout {initial:g} s)"
             )

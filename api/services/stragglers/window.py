@@ -203,7 +203,7 @@ def _judge(
     scores: Scores,
     episodes: dict[int, Episode],
     now: datetime,
-) -> tuple[list[Episode], list[tuple[Episode, float | None]]]:
+) -> tuple[list[Episode], list[tuple[Episode, float]]]:
     """The episodes this pass opens, and those it closes (with when the rank was last found slow)."""
     passes: list[float] = state["passes"]
     n = len(passes)
@@ -229,8 +229,9 @@ def _judge(
                 select(StragglerSample.ts).where(StragglerSample.job_id == job.id, StragglerSample.rank == rank)
             )
             last_slow = end_of(passes, [_epoch(t) for t in slow])
-            # No slow pass left in the window (a clearing pass came late): the rank was last slow before it began.
-            closed.append((episode, last_slow if last_slow is not None else passes[0] if passes else None))
+            if last_slow is None:  # a late clearing: the rank was last slow before the window (this pass is in it)
+                last_slow = passes[0]
+            closed.append((episode, last_slow))
     return opened, closed
 
 

@@ -107,3 +107,23 @@ def test_a_change_is_never_kept_without_its_row(admin: TestClient, monkeypatch: 
     assert row_counts() == before
     monkeypatch.setattr(audit_log, "begin", begin)
     assert admin.get("/v1/jobs").json()["items"] == [] and audit(admin) == []
+
+
+def test_a_host_change_is_read_like_any_row_even_for_a_user_without_a_passwd_entry(
+    admin: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ftplane token create` in a container whose uid has no passwd entry and no USER still leaves its row."""
+    import getpass
+
+    from api.core.db import session_scope
+    from api.services import audit
+
+    def no_user() -> str:
+        raise KeyError("getpwuid(): uid not found")
+
+    monkeypatch.setattr(getpass, "getuser", no_user)
+    with session_scope() as session:
+        audit.host_change(session, "ftplane token create", "token", "t1", "default", name="ci", role="viewer")
+    (row,) = [e for e in admin.get("/v1/audit").json()["items"] if e["action"] == "ftplane token create"]
+    assert row["actor_kind"] == "host" and row["actor_name"].startswith("uid-") and row["actor"].startswith("host:uid-")
+    assert (row["object_id"], row["project"], row["outcome"]) == ("t1", "default", 201)
