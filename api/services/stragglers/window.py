@@ -6,8 +6,9 @@ threshold (a `StragglerSample` row each; a healthy rank writes nothing). Over th
 score is below the threshold exactly when more than half the passes found it below: that opens an episode
 (`straggler_detected`), once the passes cover at least half the window (a rank slow since the job began is
 found then, not on the first pass). The episode closes (`straggler_cleared`) when at most a quarter of the
-window's passes found the rank below (the gap between the two keeps a rank near the threshold from opening
-and closing episodes pass after pass), when its attempt ends, or when the job restarts without its node.
+window's passes found the rank below and the pass itself found it healthy (the gap between the two keeps a rank
+near the threshold from opening and closing episodes pass after pass; a rank slow right now is not cleared),
+when its attempt ends, or when the job restarts without its node.
 
 The events carry what goodput needs (api/services/goodput/stragglers.py): when the episode began (`onset_s`
 before the detection: its first slow pass in the window), when the rank was last slow (`recovered_s` before
@@ -221,10 +222,10 @@ def _judge(
         for rank, count in counts.items():
             if 2 * count > n and rank not in episodes and rank in by_rank:
                 opened.append(_episode(session, job, cfg, scores, by_rank[rank].node, rank, passes, now))
-    scored = {r.rank for r in scores.ranks}
+    healthy = {r.rank for r in scores.ranks if r.score >= cfg.threshold}  # a pass that found the rank slow keeps it
     closed = []
     for rank, episode in episodes.items():
-        if rank in scored and 4 * counts.get(rank, 0) <= n:
+        if rank in healthy and 4 * counts.get(rank, 0) <= n:
             slow = session.scalars(
                 select(StragglerSample.ts).where(StragglerSample.job_id == job.id, StragglerSample.rank == rank)
             )

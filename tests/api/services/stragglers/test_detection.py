@@ -78,8 +78,9 @@ def test_a_clearing_after_the_window_lost_every_slow_pass_dates_the_recovery_bef
     admin: TestClient, make_job: Any, backend: ScriptedBackend
 ) -> None:
     """A loaded machine: the slow rank's reports stop arriving after its slowdown, so no pass can clear it until
-    they come back, by when its slow passes have left the window. The recovery is dated before the window, not
-    at the clearing (which would count the whole window as the straggler's)."""
+    they come back, by when its slow passes have left the window. The first report back still says slow: that
+    pass keeps the episode; the next, healthy, clears it, dating the recovery at the last slow pass, not at the
+    clearing (which would count the whole window as the straggler's)."""
     job_id = running_job(admin, make_job, **SPEC)
     start = drive(admin, job_id, 60, {5: (10, 60, 1.5)})
     assert events_of(admin, job_id, "straggler_detected")
@@ -89,12 +90,16 @@ def test_a_clearing_after_the_window_lost_every_slow_pass_dates_the_recovery_bef
         run_pass(now)
     assert not events_of(admin, job_id, "straggler_cleared")
     back = start + timedelta(seconds=60 + int(2 * WINDOW) + 20)
-    beat(admin, job_id, back, dict.fromkeys(range(8), 1.0), step=200)
+    beat(admin, job_id, back, {**dict.fromkeys(range(8), 1.0), 5: 1.5}, step=200)  # its first report back: slow
+    run_pass(back)
+    assert not events_of(admin, job_id, "straggler_cleared")  # a rank slow right now is not cleared
+    back += timedelta(seconds=1)
+    beat(admin, job_id, back, dict.fromkeys(range(8), 1.0), step=201)
     run_pass(back)
     (cleared,) = events_of(admin, job_id, "straggler_cleared")
     recovered = cleared["details"]["recovered_s"]
     assert cleared["details"]["reason"] == "recovered"
-    assert WINDOW - 2 <= recovered <= WINDOW, recovered  # the window's first pass: no slow pass after it
+    assert 0 < recovered <= WINDOW, recovered  # the last slow pass, before the clearing
 
 
 def test_noise_and_hiccups_open_no_episode(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> None:
