@@ -230,8 +230,8 @@ def _judge(
                 select(StragglerSample.ts).where(StragglerSample.job_id == job.id, StragglerSample.rank == rank)
             )
             last_slow = end_of(passes, [_epoch(t) for t in slow])
-            if last_slow is None:  # a late clearing: the rank was last slow before the window (this pass is in it)
-                last_slow = passes[0]
+            if last_slow is None:  # a late clearing: the rank was last slow before the window began
+                last_slow = now.timestamp() - cfg.window_s
             closed.append((episode, last_slow))
     return opened, closed
 
