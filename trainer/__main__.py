@@ -1,8 +1,6 @@
 """`python -m ftplane.trainer ...`: what ft_launcher runs on every rank."""
 
-import sys
-
 from ftplane.trainer.train import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

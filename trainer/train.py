@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ EXIT_FLUSH_S = 5.0
 FAILURE_FLUSH_S = 2.0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     cfg = parse_config(argv)
     placement = Placement.from_environment(cfg)
     _setup_logging(placement.rank)
@@ -83,7 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         run.finish(timeout=EXIT_FLUSH_S if left is None else min(EXIT_FLUSH_S, left))
         sdk.termination.end()
     run.finish(timeout=EXIT_FLUSH_S)
-    return 0
+    # A finished rank leaves without the interpreter's teardown too: destroying torch's C++ objects there (the
+    # store, gloo's threads) can abort the process (SIGABRT, "terminate called without an active exception")
+    # after its last step, and ft_launcher would count a finished rank as failed.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def train(cfg: Config, placement: Placement, run: sdk.Run, store: torch.distributed.Store) -> None:
