@@ -11,6 +11,18 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def port_range(text: str) -> tuple[int, int]:
+    """`29500-29999` -> (29500, 29999); ValueError naming what is wrong."""
+    first, sep, last = text.partition("-")
+    try:
+        bounds = (int(first), int(last if sep else first))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a port range such as 29500-29999") from None
+    if not 1024 <= bounds[0] < bounds[1] <= 65535:
+        raise ValueError(f"{text!r}: the range must lie within 1024-65535, its first port first, two ports at least")
+    return bounds
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FTPLANE_", extra="ignore")
 
@@ -36,6 +48,11 @@ class Settings(BaseSettings):
         "ledgers across jobs, which need not follow each job at the supervision period.",
     )
     local_runs_dir: Path | None = Field(default=None, description="Local backend run state; default data_dir/runs.")
+    local_ports: str = Field(
+        default="29500-29999",
+        description="Ports the local backend draws its jobs' rendezvous ports from (first-last), below the kernel's "
+        "ephemeral range so that no outgoing connection takes one before the job's launcher binds it.",
+    )
     kube_context: str | None = Field(default=None, description="kubeconfig context; in-cluster config when unset.")
     kube_in_cluster: bool | None = Field(default=None, description="Force in-cluster config (default: auto).")
     kube_unhealthy_nodes: Literal["off", "cordon", "taint"] = Field(
@@ -111,6 +128,12 @@ class Settings(BaseSettings):
         max_length=2048,
         description="Label keys (comma-separated) of the lost GPU-seconds counters on /metrics.",
     )
+
+    @field_validator("local_ports")
+    @classmethod
+    def _ports_read(cls, value: str) -> str:
+        port_range(value)  # a wrong range stops the start with what is wrong
+        return value
 
     @field_validator("gpu_hour_price")
     @classmethod
@@ -191,6 +214,10 @@ class Settings(BaseSettings):
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def local_port_range(self) -> tuple[int, int]:
+        return port_range(self.local_ports)
 
     @property
     def resolved_runs_dir(self) -> Path:

@@ -52,14 +52,9 @@ from workers.backends.base import (
     agent_environment,
     launcher_arguments,
 )
+from workers.backends.local_ports import reserve_port
 
 TERMINATE_GRACE_S = 15.0  # the agents pass SIGTERM on to their launchers, which stop the ranks
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def node_name(index: int) -> str:
@@ -224,7 +219,7 @@ class LocalBackend:
     def launch(self, request: LaunchRequest) -> None:
         """Start every node's agent that is not started yet (idempotent, node by node)."""
         nodes = self.nodes(request.job_id, request.attempt, request.spec)
-        port = free_port()
+        port = reserve_port(*get_settings().local_port_range)
         bin_dir = str(Path(sys.executable).parent)
         if shutil.which("ft_launcher", path=bin_dir + os.pathsep + os.environ.get("PATH", "")) is None:
             raise RuntimeError("ft_launcher not found: install ftplane with the [trainer] extra")
