@@ -165,29 +165,26 @@ def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(
     assert saved and all(e["details"]["blocking_s"] >= 0 and e["details"]["bytes"] > 0 for e in saved)
 
 
-def test_spent_budgets_end_failed_with_the_cause(api: Client) -> None:
-    job = api.submit(spec(api, "budget", 200, resiliency={"max_in_job_restarts": 0, "max_job_restarts": 0}))
-    wait("training", lambda: step(api, job["id"]) >= 3)
-    api.inject(job["id"], {"kind": "crash", "rank": 0, "now": True})
-    body = finished(api, job["id"])
-    assert body["status"] == "FAILED"
-    assert "in-job restart budget (0) spent" in body["status_reason"]
-    assert "job restart budget (0) spent" in body["status_reason"]
-    assert "SIGKILL" in body["status_reason"]
-    failed = events(api, job["id"], "failed")
-    assert len(failed) == 1 and "SIGKILL" in failed[0]["details"]["cause"]
-
-
-def test_job_level_restart_resumes_in_a_new_attempt(api: Client) -> None:
-    job = api.submit(spec(api, "jobrestart", 30, resiliency={"max_in_job_restarts": 0, "max_job_restarts": 1}))
+def test_a_job_restart_resumes_in_a_new_attempt_and_spent_budgets_end_the_job_failed(api: Client) -> None:
+    """No in-job restart, one job restart: the first crash restarts the job in attempt 1, which resumes from a
+    checkpoint; the second spends both budgets and the job ends FAILED, saying so and what killed it."""
+    job = api.submit(spec(api, "jobrestart", 200, resiliency={"max_in_job_restarts": 0, "max_job_restarts": 1}))
     job_id = job["id"]
-    wait("a checkpoint", lambda: events(api, job_id, "checkpoint_saved"))
-    wait("progress", lambda: step(api, job_id) >= 8)
+    wait_in(api, job_id, "a checkpoint", lambda: events(api, job_id, "checkpoint_saved"))
+    wait_in(api, job_id, "progress", lambda: step(api, job_id) >= 8)
     api.inject(job_id, {"kind": "crash", "rank": 1, "now": True})
-    body = finished(api, job_id)
-    assert body["status"] == "SUCCEEDED", body
-    assert body["attempt"] == 1 and body["job_restarts"] == 1
+    loaded = wait_in(
+        api, job_id, "attempt 1 resumed", lambda: [e for e in events(api, job_id, "checkpoint_loaded") if e["attempt"]]
+    )
+    assert loaded[0]["attempt"] == 1 and loaded[0]["step"] >= 5 and loaded[0]["step"] % 5 == 0
     restart = events(api, job_id, "job_restart")
     assert len(restart) == 1 and restart[0]["attempt"] == 1 and "SIGKILL" in restart[0]["details"]["cause"]
-    loaded = [e for e in events(api, job_id, "checkpoint_loaded") if e["attempt"] == 1]
-    assert loaded and loaded[0]["step"] >= 5
+
+    api.inject(job_id, {"kind": "crash", "rank": 0, "now": True})
+    body = finished(api, job_id)
+    assert body["status"] == "FAILED" and body["attempt"] == 1 and body["job_restarts"] == 1, body
+    assert "in-job restart budget (0) spent" in body["status_reason"]
+    assert "job restart budget (1) spent" in body["status_reason"]
+    assert "SIGKILL" in body["status_reason"]
+    failed = events(api, job_id, "failed")
+    assert len(failed) == 1 and failed[0]["attempt"] == 1 and "SIGKILL" in failed[0]["details"]["cause"]

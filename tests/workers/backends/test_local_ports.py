@@ -46,7 +46,7 @@ def _draw(args: tuple[int, int, str]) -> int:
 
 def test_processes_drawing_at_once_never_share_a_port(tmp_path: Path) -> None:
     first, last = a_range(40)
-    with multiprocessing.get_context("spawn").Pool(4) as pool:
+    with multiprocessing.get_context("fork").Pool(4) as pool:
         drawn = pool.map(_draw, [(first, last, str(tmp_path / "ports.json"))] * 20)
     assert len(set(drawn)) == 20 and all(first <= port < last and (port - first) % 2 == 0 for port in drawn)
 
