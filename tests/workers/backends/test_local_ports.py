@@ -1,10 +1,10 @@
 """The local backend's rendezvous ports (workers/backends/local_ports.py): drawn from the configured range, never a
-bound or recently reserved one, never the same for two launches at once, whichever process draws them."""
+bound or recently reserved one, never the same for two launches at once."""
 
 from __future__ import annotations
 
-import multiprocessing
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -39,15 +39,13 @@ def test_a_port_something_is_bound_to_is_never_drawn(tmp_path: Path) -> None:
         assert reserve_port(first, last, path=tmp_path / "ports.json") == first + 2
 
 
-def _draw(args: tuple[int, int, str]) -> int:
-    first, last, path = args
-    return reserve_port(first, last, path=Path(path))
-
-
-def test_processes_drawing_at_once_never_share_a_port(tmp_path: Path) -> None:
+def test_launches_drawing_at_once_never_share_a_port(tmp_path: Path) -> None:
+    """Twenty draws at once, each with its own open of the lock file, as separate processes have: the lock is the
+    file's, so threads contend for it as processes do."""
     first, last = a_range(40)
-    with multiprocessing.get_context("fork").Pool(4) as pool:
-        drawn = pool.map(_draw, [(first, last, str(tmp_path / "ports.json"))] * 20)
+    path = tmp_path / "ports.json"
+    with ThreadPoolExecutor(8) as pool:
+        drawn = list(pool.map(lambda _: reserve_port(first, last, path=path), range(20)))
     assert len(set(drawn)) == 20 and all(first <= port < last and (port - first) % 2 == 0 for port in drawn)
 
 
