@@ -111,7 +111,8 @@ def test_each_team_equals_its_jobs_own_goodput(admin: TestClient, two_teams: dic
         assert group["productive_gpu_hours"] == pytest.approx(own["productive_s"] * gpus / 3600)
         assert group["lost_gpu_hours"] == pytest.approx({k: v * gpus / 3600 for k, v in own["lost_s"].items()})
         assert group["faults_total"] == own["failures"]
-        hours = {(T0 + timedelta(seconds=t)).replace(minute=0, second=0) for t in range(-600, 7200, 60)}
+        # Every second of [since, until): the last hour counts even when the window ends a second past it.
+        hours = {(T0 + timedelta(seconds=t)).replace(minute=0, second=0) for t in range(-600, 7200)}
         assert len(group["series"]) == len(hours)  # 1 h buckets on the hour, the first and last clipped
         assert sum(b["wall_gpu_hours"] for b in group["series"]) == pytest.approx(group["wall_gpu_hours"])
     assert groups["a"]["faults"] == {"crash": 1} and groups["a"]["mtbf_hours"] == pytest.approx(1.5)
