@@ -26,7 +26,7 @@ SLOW_FROM, SLOW_STEPS = 20, 40
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     workdir = tmp_path_factory.mktemp("stragglers")
-    with ftplane_server(workdir) as env:  # supervision passes every 0.5 s
+    with ftplane_server(workdir, FTPLANE_SUPERVISE_INTERVAL_S="0.5") as env:  # the window's passes
         client = Client(url=env["FTPLANE_URL"], token=env["FTPLANE_TOKEN"])
         yield client
         client.close()
