@@ -86,3 +86,43 @@ def test_a_token_is_authenticated_as_every_route_does_it_and_kept_for_the_ttl(
     assert bad is None and bad_again is None and asked == ["good", "bad"]
     caches.forget_all()
     get_settings.cache_clear()
+
+
+class SteppingClock:
+    """A cache timer that moves on by `step` seconds at every read."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_an_entry_that_expires_while_it_is_read_is_a_miss_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read of the clock moves it 0.6 s on a cache of 1 s: an entry stored at 0.6 s is alive at the next read
+    (1.2 s) and gone at the one after (1.8 s). Read twice per lookup, it raised KeyError (a 500 under load)."""
+    from cachetools import TTLCache
+
+    state = JobState("RUNNING", 0, None, frozenset())
+    jobs: TTLCache[str, JobState | None] = TTLCache(10, ttl=1.0, timer=SteppingClock(0.6))
+    jobs["j1"] = state
+    monkeypatch.setattr(caches, "_jobs", jobs)
+    assert caches.cached_job("j1") == (True, state)
+    jobs["j2"] = state
+    jobs.timer.now += 0.3  # type: ignore[attr-defined]  # j2 is alive at the lookup's one read, barely
+    assert caches.cached_job("j2") == (True, state)
+    assert caches.cached_job("j2") == (False, None)  # expired: a miss, loaded again by job_state
+
+
+def test_a_token_that_expires_while_it_is_read_is_a_miss_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachetools import TTLCache
+
+    from api.core.security import digest
+
+    principals: TTLCache[str, object] = TTLCache(10, ttl=1.0, timer=SteppingClock(0.6))
+    principals[digest("t")] = None  # a token known to be invalid
+    monkeypatch.setattr(caches, "_principals", principals)
+    monkeypatch.setattr(caches, "_resize_principals", lambda ttl: None)
+    assert caches.cached_principal("t") == (True, None)
+    assert caches.cached_principal("t") == (False, None)
