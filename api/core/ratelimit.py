@@ -138,6 +138,9 @@ class RedisTokenBuckets:
         self.lease_size = float(max(1, min(MAX_LEASE, int(burst) // 8)))
         self._leases: dict[str, float] = {}
         self._lease_lock = threading.Lock()
+        self._asking: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[bool]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def take(self, key: str, cost: float = 1.0) -> float:
         if time.monotonic() >= self._down_until:
@@ -149,19 +152,40 @@ class RedisTokenBuckets:
 
     async def take_async(self, key: str, cost: float = 1.0) -> float:
         """From this process's lease on the bucket while it lasts; else a new lease of `lease_size` tokens from
-        Redis (one round trip per lease, not per request); else, near the limit, this request's own token."""
-        with self._lease_lock:
-            held = self._leases.get(key, 0.0)
-            if held >= cost:
-                self._leases[key] = held - cost
-                return 0.0
-        if self.lease_size > cost and await self._take_from_redis(key, self.lease_size) == 0:
+        Redis (one round trip per lease, not per request); else, near the limit, this request's own token.
+
+        One lease is asked for at a time per key and loop: the requests that find the lease spent while it is on
+        its way wait for it. Each asking for its own, a 16,384-node job's reports held over a hundred round trips
+        in flight at once, past the client's pool (MaxConnectionsError), and the limits fell back to this
+        process's own buckets."""
+        while self.lease_size > cost:
             with self._lease_lock:
-                if len(self._leases) >= MAX_IDLE_BUCKETS:
-                    self._leases.clear()
-                self._leases[key] = self._leases.get(key, 0.0) + self.lease_size - cost
-            return 0.0
+                held = self._leases.get(key, 0.0)
+                if held >= cost:
+                    self._leases[key] = held - cost
+                    return 0.0
+            if not await self._lease_once(key):
+                break
         return await self._take_from_redis(key, cost)
+
+    async def _lease_once(self, key: str) -> bool:
+        """Whether a lease of `lease_size` was added to `key`'s, by this call or by the one already asking."""
+        loop = asyncio.get_running_loop()
+        asking = self._asking.setdefault(loop, {})
+        lease = asking.get(key)
+        if lease is None:
+            lease = asking[key] = loop.create_task(self._lease(key))
+            lease.add_done_callback(lambda _: asking.pop(key, None))
+        return await asyncio.shield(lease)
+
+    async def _lease(self, key: str) -> bool:
+        if await self._take_from_redis(key, self.lease_size) != 0:
+            return False
+        with self._lease_lock:
+            if len(self._leases) >= MAX_IDLE_BUCKETS:
+                self._leases.clear()
+            self._leases[key] = self._leases.get(key, 0.0) + self.lease_size
+        return True
 
     async def _take_from_redis(self, key: str, cost: float) -> float:
         if time.monotonic() >= self._down_until:

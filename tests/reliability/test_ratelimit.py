@@ -277,3 +277,28 @@ def test_the_report_route_takes_tokens_in_leases_and_never_overdraws_the_bucket(
 
     waits = asyncio.run(eight())
     assert waits[:7] == [0] * 7 and waits[7] > 0  # the lease's other 7, then the bucket is empty: 64 in all
+
+
+@pytest.mark.redis
+def test_reports_arriving_together_wait_for_one_lease_not_a_round_trip_each() -> None:
+    """300 reports at once on one token (a 16,384-node job's agents share it): a lease of 32 is asked for at a time,
+    so 10 round trips serve them all; each asking for its own, they held 300 connections at once, past the client's
+    pool, and the limits fell back to this process's buckets."""
+    url = require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")
+    prefix = f"ftplane-test-{uuid.uuid4().hex[:8]}:ratelimit:"
+    reports = RedisTokenBuckets(url, rate=0.001, burst=65536, prefix=prefix)
+    assert reports.lease_size == 32
+    trips: list[float] = []
+    take_from_redis = reports._take_from_redis
+
+    async def counted(key: str, cost: float) -> float:
+        trips.append(cost)
+        return await take_from_redis(key, cost)
+
+    reports._take_from_redis = counted  # type: ignore[method-assign]
+
+    async def together() -> list[float]:
+        return await asyncio.gather(*(reports.take_async("job-token") for _ in range(300)))
+
+    assert asyncio.run(together()) == [0.0] * 300
+    assert trips == [32.0] * 10 and time.monotonic() >= reports._down_until  # never fell back
