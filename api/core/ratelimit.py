@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 MAX_IDLE_BUCKETS = 10_000
 # Tokens an API process takes from a shared bucket at once for the node-report route (at most an eighth of the burst)
 MAX_LEASE = 32
+# Connections to Redis an API process's event loop holds at most (the node-report route's takes)
+ASYNC_CONNECTIONS = 32
 
 
 class Limiter(Protocol):
@@ -211,7 +213,16 @@ class RedisTokenBuckets:
         loop = asyncio.get_running_loop()
         script = self._async_scripts.get(loop)
         if script is None:
-            client = redis.asyncio.Redis.from_url(self.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            # Requests past the pool's connections wait for one (the default pool raises MaxConnectionsError at
+            # 100 in flight, and the limits would fall back to this process's buckets under a flood).
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                self.url,
+                max_connections=ASYNC_CONNECTIONS,
+                timeout=self.retry_after_s,
+                socket_timeout=0.5,
+                socket_connect_timeout=0.5,
+            )
+            client = redis.asyncio.Redis(connection_pool=pool)
             script = self._async_scripts[loop] = client.register_script(_TAKE_SCRIPT)
         return script
 

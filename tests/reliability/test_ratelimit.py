@@ -302,3 +302,20 @@ def test_reports_arriving_together_wait_for_one_lease_not_a_round_trip_each() ->
 
     assert asyncio.run(together()) == [0.0] * 300
     assert trips == [32.0] * 10 and time.monotonic() >= reports._down_until  # never fell back
+
+
+@pytest.mark.redis
+def test_a_flood_past_the_leases_waits_for_redis_connections_instead_of_falling_back() -> None:
+    """A burst of 8 leaves no room for leases: each of 300 reports at once takes its own token from Redis. They wait
+    for the event loop's connections (ASYNC_CONNECTIONS); with redis.asyncio's default pool the 101st in flight
+    raised MaxConnectionsError and the limits fell back to this process's own buckets for a while."""
+    url = require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")
+    prefix = f"ftplane-test-{uuid.uuid4().hex[:8]}:ratelimit:"
+    reports = RedisTokenBuckets(url, rate=0.001, burst=8, prefix=prefix)
+    assert reports.lease_size == 1  # a token per request, straight from Redis
+
+    async def together() -> list[float]:
+        return await asyncio.gather(*(reports.take_async("runaway") for _ in range(300)))
+
+    waits = asyncio.run(together())
+    assert sum(w == 0 for w in waits) == 8 and time.monotonic() >= reports._down_until  # the shared bucket decided
