@@ -175,9 +175,11 @@ class RedisTokenBuckets:
         loop = asyncio.get_running_loop()
         asking = self._asking.setdefault(loop, {})
         lease = asking.get(key)
-        if lease is None:
+        # A finished lease may still be listed (its callback below has not run yet), and awaiting it would not yield
+        # to the loop: a request that found it (and the lease spent) went round this loop forever.
+        if lease is None or lease.done():
             lease = asking[key] = loop.create_task(self._lease(key))
-            lease.add_done_callback(lambda _: asking.pop(key, None))
+            lease.add_done_callback(lambda done: asking.pop(key) if asking.get(key) is done else None)
         return await asyncio.shield(lease)
 
     async def _lease(self, key: str) -> bool:

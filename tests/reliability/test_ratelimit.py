@@ -319,3 +319,31 @@ def test_a_flood_past_the_leases_waits_for_redis_connections_instead_of_falling_
 
     waits = asyncio.run(together())
     assert sum(w == 0 for w in waits) == 8 and time.monotonic() >= reports._down_until  # the shared bucket decided
+
+
+@pytest.mark.redis
+def test_a_finished_lease_still_listed_is_asked_for_again_not_awaited_in_a_loop() -> None:
+    """Between a lease's end and the callback that unlists it, other requests can spend it. One that then found the
+    finished lease awaited it again (which never yields to the loop) and spun forever: an API process at a full core
+    that no signal reached, found after a 16,384-node run. It must ask Redis for a new lease instead."""
+    url = require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")
+    prefix = f"ftplane-test-{uuid.uuid4().hex[:8]}:ratelimit:"
+    reports = RedisTokenBuckets(url, rate=0.001, burst=65536, prefix=prefix)
+    trips: list[float] = []
+    take_from_redis = reports._take_from_redis
+
+    async def counted(key: str, cost: float) -> float:
+        trips.append(cost)
+        return await take_from_redis(key, cost)
+
+    reports._take_from_redis = counted  # type: ignore[method-assign]
+
+    async def with_a_spent_lease_still_listed() -> bool:
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[bool] = loop.create_future()
+        finished.set_result(True)  # its 32 tokens already spent by others: none left in the lease
+        reports._asking[loop] = {"job-token": finished}  # type: ignore[dict-item]
+        return await reports._lease_once("job-token")
+
+    assert asyncio.run(with_a_spent_lease_still_listed()) is True
+    assert trips == [32.0] and reports._leases["job-token"] == 32.0  # a new lease, from Redis
