@@ -91,6 +91,7 @@ def serve(
         os.environ["FTPLANE_HOST"] = host
     if port:
         os.environ["FTPLANE_PORT"] = str(port)
+    from api.core import queue
     from api.core.config import get_settings
     from api.core.db import upgrade_to_head
 
@@ -99,6 +100,7 @@ def serve(
     if not settings.auth_enabled and not is_loopback(settings.host):
         fail(f"FTPLANE_AUTH=disabled is refused on the non-loopback address {settings.host}: enable auth")
     upgrade_to_head(settings)
+    queue.prepare_embedded_broker(settings)
     if only == Part.all and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # API and worker are separate processes on this host: /metrics sums both (restarts are counted
         # by the worker's supervisor). Stale files of an earlier run would be summed too, so start empty.

@@ -9,6 +9,7 @@ server (kombu's SQLAlchemy transport on a SQLite file under the data directory).
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import sqlite3
 import threading
@@ -68,6 +69,24 @@ def embedded_broker_url(settings: Settings) -> str:
     broker_db = (settings.data_dir / "broker.sqlite").resolve()
     broker_db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{broker_db}"
+
+
+def prepare_embedded_broker(settings: Settings) -> None:
+    """Create the embedded broker's tables and the queue's row before the processes that use it start. kombu's
+    SQLAlchemy transport makes them on first use, and a worker, its beat and the API starting together on a new
+    data directory raced: "table kombu_queue already exists", then "UNIQUE constraint failed: kombu_queue.name",
+    and the worker stopped for good (its jobs stayed PENDING). Under a file lock, so that parts started apart
+    cannot race either. Nothing to do with Redis."""
+    if settings.redis_url:
+        return
+    app = Celery("ftplane-broker", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    lock_path = settings.data_dir / "broker.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with app.connection_for_write() as connection:  # its channel creates the tables
+            connection.default_channel.queue_declare(queue=settings.queue)
 
 
 def celery_config(settings: Settings) -> dict[str, object]:
