@@ -279,15 +279,11 @@ def test_the_report_route_takes_tokens_in_leases_and_never_overdraws_the_bucket(
     assert waits[:7] == [0] * 7 and waits[7] > 0  # the lease's other 7, then the bucket is empty: 64 in all
 
 
-@pytest.mark.redis
-def test_reports_arriving_together_wait_for_one_lease_not_a_round_trip_each() -> None:
-    """300 reports at once on one token (a 16,384-node job's agents share it): a lease of 32 is asked for at a time,
-    so 10 round trips serve them all; each asking for its own, they held 300 connections at once, past the client's
-    pool, and the limits fell back to this process's buckets."""
+def buckets_counting_round_trips() -> tuple[RedisTokenBuckets, list[float]]:
+    """Shared buckets with room for leases of 32 (no refill within a test), and the cost of each round trip to Redis."""
     url = require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")
     prefix = f"ftplane-test-{uuid.uuid4().hex[:8]}:ratelimit:"
     reports = RedisTokenBuckets(url, rate=0.001, burst=65536, prefix=prefix)
-    assert reports.lease_size == 32
     trips: list[float] = []
     take_from_redis = reports._take_from_redis
 
@@ -296,6 +292,16 @@ def test_reports_arriving_together_wait_for_one_lease_not_a_round_trip_each() ->
         return await take_from_redis(key, cost)
 
     reports._take_from_redis = counted  # type: ignore[method-assign]
+    return reports, trips
+
+
+@pytest.mark.redis
+def test_reports_arriving_together_wait_for_one_lease_not_a_round_trip_each() -> None:
+    """300 reports at once on one token (a 16,384-node job's agents share it): a lease of 32 is asked for at a time,
+    so 10 round trips serve them all; each asking for its own, they held 300 connections at once, past the client's
+    pool, and the limits fell back to this process's buckets."""
+    reports, trips = buckets_counting_round_trips()
+    assert reports.lease_size == 32
 
     async def together() -> list[float]:
         return await asyncio.gather(*(reports.take_async("job-token") for _ in range(300)))
@@ -326,17 +332,7 @@ def test_a_finished_lease_still_listed_is_asked_for_again_not_awaited_in_a_loop(
     """Between a lease's end and the callback that unlists it, other requests can spend it. One that then found the
     finished lease awaited it again (which never yields to the loop) and spun forever: an API process at a full core
     that no signal reached, found after a 16,384-node run. It must ask Redis for a new lease instead."""
-    url = require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")
-    prefix = f"ftplane-test-{uuid.uuid4().hex[:8]}:ratelimit:"
-    reports = RedisTokenBuckets(url, rate=0.001, burst=65536, prefix=prefix)
-    trips: list[float] = []
-    take_from_redis = reports._take_from_redis
-
-    async def counted(key: str, cost: float) -> float:
-        trips.append(cost)
-        return await take_from_redis(key, cost)
-
-    reports._take_from_redis = counted  # type: ignore[method-assign]
+    reports, trips = buckets_counting_round_trips()
 
     async def with_a_spent_lease_still_listed() -> bool:
         loop = asyncio.get_running_loop()
