@@ -91,12 +91,15 @@ def running_by(receiver: Receiver) -> dict[tuple[int, int, int], dict]:
     return {(e["details"]["restart_count"], e["details"]["iteration"], e["rank"]): e for e in sdk_running(receiver)}
 
 
-def test_exception_is_recovered_in_process(
+def test_exceptions_from_the_spec_and_the_control_plane_are_recovered_in_process(
     receiver: Receiver,
     launch: Callable[..., Job],
     tmp_path: Path,
     reference: dict[str, torch.Tensor],
 ) -> None:
+    """Two faults in one job, each recovered by the in-process rung: the spec's exception on rank 1 at step 12,
+    then a fault the control plane asks for once rank 0 is past step 17 (fired once, though every later reply
+    asks again)."""
     ckpt = tmp_path / "ckpt"
     env = trainer_env(
         receiver,
@@ -108,28 +111,36 @@ def test_exception_is_recovered_in_process(
         },
     )
     # No in-job restart budget at all: only the in-process rung can save this job.
-    job = launch(launcher_command(TRAINER_ARGS, max_restarts=0), env)
+    job = launch(launcher_command([*TRAINER_ARGS, "--step-delay-s", "0.15"], max_restarts=0), env)
+    wait_for("rank 0 to pass step 17", lambda: receiver.max_step(0) >= 17, 90, interval=0.05)
+    with receiver.lock:
+        receiver.faults.append({"id": "cp-fault-1", "kind": "exception", "rank": 0, "at_step": None})
     assert job.wait(JOB_TIMEOUT_S) == 0, job.tail()
 
-    [fault] = receiver.of_type("fault_injected")
-    assert (fault["rank"], fault["step"]) == (1, 12)
-    assert fault["details"]["kind"] == "exception" and fault["details"]["source"] == "spec"
+    spec_fault, directed = receiver.of_type("fault_injected")
+    assert (spec_fault["rank"], spec_fault["step"]) == (1, 12)
+    assert spec_fault["details"]["kind"] == "exception" and spec_fault["details"]["source"] == "spec"
+    assert directed["rank"] == 0 and directed["details"]["source"] == "control_plane"
+    assert directed["details"]["fault_id"] == "cp-fault-1" and directed["step"] >= 18
 
-    [restart] = receiver.of_type("inprocess_restart")
-    assert restart["details"]["iteration"] == 1
-    assert "rank 1" in restart["details"]["cause"] and "InjectedFault" in restart["details"]["cause"]
+    first, second = receiver.of_type("inprocess_restart")
+    assert (first["details"]["iteration"], second["details"]["iteration"]) == (1, 2)
+    assert "rank 1" in first["details"]["cause"] and "InjectedFault" in first["details"]["cause"]
+    assert "rank 0" in second["details"]["cause"]
     assert not receiver.of_type("injob_restart")
 
-    failed = {e["rank"]: e for e in receiver.of_type("rank_failed")}
+    failed = {e["rank"]: e for e in receiver.of_type("rank_failed") if e["step"] == 12}
     assert failed[1]["details"]["first_to_fail"] is True and failed[1]["details"]["exception_type"] == "InjectedFault"
     assert failed[1]["details"]["cause_class"] == "exception" and failed[1]["details"]["inprocess"] is True
 
-    # Same processes, re-entered: same PID per rank in iterations 0 and 1, resumed from step 10.
+    # Same processes, re-entered: same PID per rank in every iteration, each resumed from the newest checkpoint.
+    resumed_from = directed["step"] // 5 * 5
     running = running_by(receiver)
     for rank in (0, 1):
-        assert running[(0, 1, rank)]["details"]["pid"] == running[(0, 0, rank)]["details"]["pid"]
-        assert running[(0, 1, rank)]["details"]["start_step"] == 10
-    assert [e["step"] for e in receiver.of_type("checkpoint_loaded")] == [10]
+        for iteration, start_step in ((1, 10), (2, resumed_from)):
+            assert running[(0, iteration, rank)]["details"]["pid"] == running[(0, 0, rank)]["details"]["pid"]
+            assert running[(0, iteration, rank)]["details"]["start_step"] == start_step
+    assert [e["step"] for e in receiver.of_type("checkpoint_loaded")] == [10, resumed_from]
 
     final = latest_complete(checkpoints_root(ckpt))
     assert final is not None and final.step == STEPS
@@ -304,33 +315,3 @@ def test_spent_budgets_climb_the_ladder_until_the_launcher_fails(
     assert running[(1, 0, 1)]["details"]["pid"] != running[(0, 1, 1)]["details"]["pid"]  # new processes
     assert {e["details"]["world_size"] for e in running.values()} == {2}  # never trained on fewer ranks
     assert receiver.max_step() < STEPS
-
-
-def test_control_plane_fault_directive_fires_once(
-    receiver: Receiver,
-    launch: Callable[..., Job],
-    tmp_path: Path,
-    reference: dict[str, torch.Tensor],
-) -> None:
-    env = trainer_env(
-        receiver,
-        tmp_path / "ckpt",
-        extra={"FTPLANE_INPROCESS": "1", "FTPLANE_COLLECTIVE_TIMEOUT_S": "5"},
-    )
-    job = launch(launcher_command([*TRAINER_ARGS, "--step-delay-s", "0.15"], max_restarts=0), env)
-    wait_for("rank 0 to pass step 7", lambda: receiver.max_step(0) >= 7, 90, interval=0.05)
-    # Asked for at the next step, and asked again in every later reply: injected once.
-    with receiver.lock:
-        receiver.faults.append({"id": "cp-fault-1", "kind": "exception", "rank": 0, "at_step": None})
-    assert job.wait(JOB_TIMEOUT_S) == 0, job.tail()
-
-    [fault] = receiver.of_type("fault_injected")
-    assert fault["rank"] == 0 and fault["details"]["source"] == "control_plane"
-    assert fault["details"]["fault_id"] == "cp-fault-1" and fault["step"] >= 8
-    [restart] = receiver.of_type("inprocess_restart")
-    assert "rank 0" in restart["details"]["cause"]
-    resumed = [e["details"]["start_step"] for e in receiver.of_type("running") if e["details"]["iteration"] == 1]
-    assert resumed and all(s == fault["step"] // 5 * 5 for s in resumed)
-    final = latest_complete(checkpoints_root(tmp_path / "ckpt"))
-    assert final is not None and final.step == STEPS
-    assert_same_state(flat_state(final.path, tmp_path), reference)
