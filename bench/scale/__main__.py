@@ -17,7 +17,6 @@ Usage: python -m bench.scale [--jobs 8] [--nodes N] [--sim-hours 3] [--seed 2026
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -25,13 +24,14 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from api.schemas.spec import default_report_interval
 from bench.common import ROOT, machine
 from bench.scale.controlplane import control_plane
+from bench.scale.fleet import run_loop
 from bench.scale.jobs import run_jobs
 from bench.scale.one_job import baseline_figures, run_one_job
 from bench.scale.params import Params
@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="--jobs/--steady: no `running` event burst at the jobs' start (liveness and heartbeats only)",
     )
+    parser.add_argument(
+        "--simulator-processes",
+        type=int,
+        default=d.simulator_processes,
+        help="more than 1: each job's simulated nodes dealt over that many processes (bench/scale/shards.py)",
+    )
     parser.add_argument("--baseline", type=float, default=5.0, help="seconds of GET /healthz before the run")
     parser.add_argument("--database-url")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
@@ -98,6 +104,7 @@ def params(args: argparse.Namespace) -> Params:
         duration_s=args.duration,
         transport=args.transport,
         start_events=not args.no_start_events,
+        simulator_processes=args.simulator_processes,
     )
 
 
@@ -130,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             baseline = baseline_figures(result, cpu)
             run = run_jobs if steady else run_one_job
             with quiet_uplinks():
-                figures = simulate(run(p, cp, workdir, baseline))
+                figures = run_loop(run(p, cp, workdir, baseline))
     figures["cores"] = os.cpu_count()
     figures["commit"] = commit()
     print()
@@ -152,17 +159,6 @@ def quiet_uplinks() -> Iterator[None]:
         yield
     finally:
         uplink_log.setLevel(level)
-
-
-def simulate(main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-    """The simulated nodes' one event loop: uvloop where installed (it comes with uvicorn[standard], as the API's
-    loop does), asyncio's own otherwise. Every node's timers and POSTs share it, so its own cost is what keeps it on
-    time."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def lost(figures: dict[str, Any]) -> int:

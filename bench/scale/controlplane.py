@@ -92,7 +92,7 @@ class ControlPlane:
 
 
 class Window:
-    """A measured window: the control plane's CPU by group, and this process's own (the simulator's)."""
+    """A measured window: CPU by group (the meter's groups include the simulator's processes, as "simulator")."""
 
     def __init__(self, meter: CpuMeter) -> None:
         self.meter = meter
@@ -101,19 +101,16 @@ class Window:
         self.elapsed = 0.0
         self.cpu: dict[str, float] = {}
         self.simulator_cpu = 0.0
-        self._cpu0 = 0.0
 
     def begin(self) -> None:
         self.meter.start()
         self.started = time.monotonic()
         self.started_wall = time.time()
-        self._cpu0 = time.process_time()
 
     def end(self) -> None:
         self.elapsed = max(time.monotonic() - self.started, 1e-9)
-        self.simulator_cpu = (time.process_time() - self._cpu0) / self.elapsed
-        self.cpu = self.meter.stop(extra=self.simulator_cpu)
-        self.cpu["simulator"] = self.simulator_cpu
+        self.cpu = self.meter.stop()
+        self.simulator_cpu = self.cpu["simulator"]
 
 
 def job_spec(p: Params, workdir: Path, name: str, marks: Path) -> dict[str, object]:

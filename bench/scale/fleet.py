@@ -15,6 +15,9 @@ decisions, not this module's. This module only counts:
 
 A node's network (`wire.Network`) is its own connection, with a switch that makes every request fail to connect (a
 partition) until it is healed; a frozen node's agent is stopped where it stands.
+
+The nodes live in `NodeGroup`s: one in this process, or one per simulator process (shards.py) when one event loop
+cannot keep every node's timers on time. `Fleet` is what the story drives either way.
 """
 
 from __future__ import annotations
@@ -22,16 +25,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import psutil
 
 from api.core import heap
 from bench.scale.params import Params
 from bench.scale.wire import Network
 from ftplane.trainer.agent.report_buffer import Outcome, Report
 from ftplane.trainer.agent.uplink import AsyncUplink
+
+if TYPE_CHECKING:
+    from bench.scale.shards import Shard
+
+T = TypeVar("T")
 
 
 def iso(t: float) -> str:
@@ -58,6 +68,16 @@ class Tally:
     lag_s: list[float] = field(default_factory=list)  # how late the agents' interval timers fired
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
 
+    def add(self, other: Tally) -> None:
+        """Count `other`'s figures in too (another group's, or another job's)."""
+        for name in ("ticks", "delivered", "delivered_by_shed", "superseded", "posts", "accepted", "retried"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.refused += other.refused
+        self.rank_beats += other.rank_beats
+        for name in ("post_s", "post_events_s", "beat_age_s", "lag_s"):
+            getattr(self, name).extend(getattr(other, name))
+        self.reasons.update(other.reasons)
+
 
 @dataclass
 class Ledger:
@@ -68,11 +88,17 @@ class Ledger:
     refused: set[str] = field(default_factory=set)
     died: set[str] = field(default_factory=set)  # queued on a node that froze before sending them
 
+    def add(self, other: Ledger) -> None:
+        self.offered.update(other.offered)
+        self.accepted |= other.accepted
+        self.refused |= other.refused
+        self.died |= other.died
+
 
 class SimNode:
     """One node: its agent's uplink, its interval timer and its ranks' heartbeats."""
 
-    def __init__(self, fleet: Fleet, index: int, attempt: int) -> None:
+    def __init__(self, fleet: NodeGroup, index: int, attempt: int) -> None:
         p = fleet.p
         self.fleet = fleet
         self.name = p.node_name(index)
@@ -208,36 +234,36 @@ class Beat:
     fields: dict[str, Any]
 
 
-class Fleet:
-    """One job's simulated nodes, all in this event loop."""
+class NodeGroup:
+    """Some of a job's simulated nodes (`indices`), all in this process's event loop."""
 
-    def __init__(self, p: Params, url: str, job_id: str, token: str) -> None:
+    def __init__(self, p: Params, url: str, job_id: str, token: str, indices: list[int]) -> None:
         self.p = p
         self.url = url
         self.job_id = job_id
         self.token = token
-        self.nodes: list[SimNode] = []
-        self.attempt = 0
+        self.indices = indices
+        self.nodes: dict[int, SimNode] = {}
         self.beat: Beat | None = None
         self.connected = 0
         self.tally = Tally()
         self.ledger = Ledger()
 
     async def start(self, attempt: int) -> None:
-        """The attempt's agents start, their intervals spread evenly (as independent pods' would be)."""
-        self.attempt = attempt
+        """The attempt's agents start, their intervals spread evenly over the whole job's nodes (as independent
+        pods' would be)."""
         self.beat = None
-        self.nodes = [SimNode(self, i, attempt) for i in range(self.p.nodes)]
+        self.nodes = {i: SimNode(self, i, attempt) for i in self.indices}
         self.connected = 0
         heap.freeze()
-        for i, node in enumerate(self.nodes):
-            node.start(self.p.report_interval_s * i / len(self.nodes))
-            if i % 256 == 255:
+        for k, (i, node) in enumerate(self.nodes.items()):
+            node.start(self.p.report_interval_s * i / self.p.nodes)
+            if k % 256 == 255:
                 await asyncio.sleep(0)
 
     def node_connected(self) -> None:
         """2,048 agents' heaps in one process: a full collection here paused every node's timing for up to 250 ms,
-        which real agents, each with its own small heap, never see. So the fleet's heap is frozen as the product's
+        which real agents, each with its own small heap, never see. So the group's heap is frozen as the product's
         servers freeze theirs, once its nodes are built and again once every node's connection is open (not their
         young threshold: the HTTP clients here leave ~25 objects in cycles per POST, and collecting 50,000 of them
         at once paused this loop for 100-175 ms)."""
@@ -245,25 +271,22 @@ class Fleet:
         if self.connected == len(self.nodes):
             heap.freeze()
 
-    def stepped(self, step: int, at: float, step_time_s: float, total_steps: int | None = None) -> None:
-        """Every rank finished `step` at `at` (wall clock)."""
-        fields: dict[str, Any] = {"step": step, "ts": iso(at), "step_time_s": round(step_time_s, 6)}
-        fields.update(throughput=round(4096 * 8 / step_time_s, 1), loss=round(2.0 + 1.0 / (1 + step), 4))
-        if total_steps is not None:
-            fields["total_steps"] = total_steps
-        self.beat = Beat(step, fields)
+    def measure(self, on: bool) -> None:
+        self.tally.measuring = on
+
+    def set_beat(self, beat: Beat | None) -> None:
+        self.beat = beat
 
     def send(self, node: int, event: dict[str, Any]) -> None:
-        """An event a rank (or the node's agent) made, queued on `node`'s uplink."""
-        self.ledger.offered.setdefault(event["key"], event["ts"])
         self.nodes[node].uplink.forward_event(event)
 
-    def send_from_every_node(self, make: Callable[[SimNode], dict[str, Any]]) -> None:
-        """The same fact from every node's agent (one key: stored once), e.g. ft_launcher's in-job restart."""
-        for node in self.nodes:
-            event = make(node)
-            self.ledger.offered.setdefault(event["key"], event["ts"])
-            node.uplink.forward_event(event)
+    def send_events(self, events: list[tuple[int, dict[str, Any]]]) -> None:
+        for node, event in events:
+            self.nodes[node].uplink.forward_event(event)
+
+    def send_to_all(self, event: dict[str, Any]) -> None:
+        for node in self.nodes.values():
+            node.uplink.forward_event(dict(event))
 
     async def freeze(self, node: int) -> None:
         await self.nodes[node].freeze()
@@ -272,21 +295,126 @@ class Fleet:
         self.nodes[node].network.cut = cut
         self.nodes[node].disturb()
 
-    async def close(self, timeout: float = 30.0) -> int:
+    async def close(self, timeout: float) -> int:
         """Stop every agent, flushing what it holds (bounded); returns how many left something undelivered."""
-        results = await asyncio.gather(*(node.close(timeout) for node in self.nodes))
-        self.nodes = []
+        results = await asyncio.gather(*(node.close(timeout) for node in self.nodes.values()))
+        self.nodes = {}
         return sum(not ok for ok in results)
 
-    def pending_events(self) -> int:
-        return sum(len(node.uplink.buffer.events) for node in self.nodes)
+    async def pending_events(self) -> int:
+        return sum(len(node.uplink.buffer.events) for node in self.nodes.values())
+
+
+class Group(Protocol):
+    """What `Fleet` drives: a `NodeGroup` here, or one in a process of its own (shards.Shard)."""
+
+    async def start(self, attempt: int) -> None: ...
+    def measure(self, on: bool) -> None: ...
+    def set_beat(self, beat: Beat | None) -> None: ...
+    def send(self, node: int, event: dict[str, Any]) -> None: ...
+    def send_to_all(self, event: dict[str, Any]) -> None: ...
+    async def freeze(self, node: int) -> None: ...
+    def partition(self, node: int, cut: bool) -> None: ...
+    async def close(self, timeout: float) -> int: ...
+    async def pending_events(self) -> int: ...
+
+
+class Fleet:
+    """One job's simulated nodes: in this process's event loop (`processes` 1), or dealt round-robin over that many
+    simulator processes of their own. Its `tally` and `ledger` hold every group's figures after `collect`."""
+
+    def __init__(self, p: Params, url: str, job_id: str, token: str, processes: int = 1) -> None:
+        self.p = p
+        self.job_id = job_id
+        self.measuring = False
+        self.started = False
+        self.tally = Tally()
+        self.ledger = Ledger()
+        self.loop_samples: list[tuple[float, float]] = []  # the simulator processes' LoopWatch samples
+        self.shards: list[Shard] = []
+        self.groups: list[Group] = []
+        if processes > 1:
+            from bench.scale.shards import Shard
+
+            self.shards = [Shard(p, url, job_id, token, list(range(k, p.nodes, processes))) for k in range(processes)]
+            self.groups = list(self.shards)
+        else:
+            local = NodeGroup(p, url, job_id, token, list(range(p.nodes)))
+            self.tally, self.ledger = local.tally, local.ledger  # counted in place
+            self.groups = [local]
+
+    def _group(self, node: int) -> Group:
+        return self.groups[node % len(self.groups)]
+
+    async def start(self, attempt: int) -> None:
+        await asyncio.gather(*(group.start(attempt) for group in self.groups))
+        self.started = True
+
+    def measure(self, on: bool) -> None:
+        self.measuring = on
+        for group in self.groups:
+            group.measure(on)
+
+    def stepped(self, step: int, at: float, step_time_s: float, total_steps: int | None = None) -> None:
+        """Every rank finished `step` at `at` (wall clock)."""
+        fields: dict[str, Any] = {"step": step, "ts": iso(at), "step_time_s": round(step_time_s, 6)}
+        fields.update(throughput=round(4096 * 8 / step_time_s, 1), loss=round(2.0 + 1.0 / (1 + step), 4))
+        if total_steps is not None:
+            fields["total_steps"] = total_steps
+        beat = Beat(step, fields)
+        for group in self.groups:
+            group.set_beat(beat)
+
+    def ranks_done(self) -> None:
+        """The ranks stopped stepping: no more heartbeats."""
+        for group in self.groups:
+            group.set_beat(None)
+
+    def send(self, node: int, event: dict[str, Any]) -> None:
+        """An event a rank (or the node's agent) made, queued on `node`'s uplink."""
+        self.ledger.offered.setdefault(event["key"], event["ts"])
+        self._group(node).send(node, event)
+
+    def send_from_every_node(self, event: dict[str, Any]) -> None:
+        """The same fact from every node's agent (one key: stored once), e.g. ft_launcher's in-job restart."""
+        self.ledger.offered.setdefault(event["key"], event["ts"])
+        for group in self.groups:
+            group.send_to_all(event)
+
+    async def freeze(self, node: int) -> None:
+        await self._group(node).freeze(node)
+
+    def partition(self, node: int, cut: bool) -> None:
+        self._group(node).partition(node, cut)
+
+    async def close(self, timeout: float = 30.0) -> int:
+        """Stop every agent, flushing what it holds (bounded); returns how many left something undelivered."""
+        self.started = False
+        return sum(await asyncio.gather(*(group.close(timeout) for group in self.groups)))
+
+    async def pending_events(self) -> int:
+        return sum(await asyncio.gather(*(group.pending_events() for group in self.groups)))
+
+    def processes(self) -> list[psutil.Process]:
+        """The simulator's processes: this one and the fleet's own."""
+        return [psutil.Process(), *(shard.process for shard in self.shards)]
+
+    async def collect(self) -> None:
+        """Every simulator process's figures into `tally`, `ledger` and `loop_samples`; those processes end."""
+        for shard in self.shards:
+            tally, ledger, samples = await shard.report()
+            self.tally.add(tally)
+            self.ledger.add(ledger)
+            self.loop_samples += samples
+            await shard.exit()
+        self.shards = []
 
 
 async def wait_quiet(fleet: Fleet, timeout: float) -> bool:
     """Until every queued event of `fleet` was accepted (or `timeout`)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while fleet.pending_events():
+    while await fleet.pending_events():
         if loop.time() > deadline:
             return False
         await asyncio.sleep(0.1)
@@ -311,10 +439,22 @@ class LoopWatch:
             await asyncio.sleep(0.05)
             self.samples.append((time.time(), loop.time() - due))
 
-    def between(self, lo: float, hi: float) -> dict[str, float]:
-        late = [s for t, s in self.samples if lo <= t <= hi]
+    def between(self, lo: float, hi: float, more: list[tuple[float, float]] | None = None) -> dict[str, float]:
+        """How late the loop ran between `lo` and `hi` (wall clock), with `more` samples of other loops."""
+        late = [s for t, s in [*self.samples, *(more or [])] if lo <= t <= hi]
         return {
             "p99_ms": sorted(late)[int(0.99 * (len(late) - 1))] * 1000 if late else float("nan"),
             "max_ms": max(late, default=float("nan")) * 1000,
             "over_2s_s": sum(0.05 + s for s in late if s > 2.0),  # time the loop spent more than 2 s behind
         }
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """A simulator process's one event loop: uvloop where installed (it comes with uvicorn[standard], as the API's
+    loop does), asyncio's own otherwise. Every node's timers and POSTs share it, so its own cost is what keeps it on
+    time."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)

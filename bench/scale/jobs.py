@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from bench.scale.controlplane import ControlPlane, Window, job_spec
-from bench.scale.fleet import Fleet, LoopWatch, Tally, iso, wait_quiet
+from bench.scale.fleet import Fleet, LoopWatch, iso, wait_quiet
 from bench.scale.one_job import all_events, duty_figures, event_figures, ingest_figures
 from bench.scale.params import Params
 from bench.scale.simulator import ENDED
@@ -62,25 +63,29 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
             await asyncio.sleep(p.report_interval_s / p.jobs)
         quiet = await asyncio.gather(*(wait_quiet(run.fleet, STARTUP_S) for run in runs))
         startup: dict[str, Any] = {"seconds": time.monotonic() - started, "all_stored": all(quiet)}
-        startup["events_pending"] = sum(run.fleet.pending_events() for run in runs)
-        startup["loop"] = watch.between(started_wall, time.time())
+        startup["events_pending"] = sum([await run.fleet.pending_events() for run in runs])
+        startup_ended = time.time()
         await asyncio.sleep(2 * p.report_interval_s)
 
-        window = Window(cp.meter())
+        window = Window(cp.meter({"simulator": lambda: simulator_processes(runs)}))
         window.begin()
         for run in runs:
-            run.fleet.tally.measuring = True
+            run.fleet.measure(True)
         spacing = max(0.0, p.duration_s - cut_length(p) - 10) / p.jobs
         silences = [asyncio.create_task(partition(p, run, 5 + k * spacing)) for k, run in enumerate(runs)]
         await asyncio.sleep(p.duration_s)
         for run in runs:
-            run.fleet.tally.measuring = False
+            run.fleet.measure(False)
         window.end()
-        loop_lag = watch.between(window.started_wall, window.started_wall + window.elapsed)
         await asyncio.gather(*silences)
         stepping.cancel()
 
         await asyncio.gather(*(run.fleet.close(30.0) for run in runs))
+        for run in runs:
+            await run.fleet.collect()
+        shard_samples = [sample for run in runs for sample in run.fleet.loop_samples]
+        startup["loop"] = watch.between(started_wall, startup_ended, shard_samples)
+        loop_lag = watch.between(window.started_wall, window.started_wall + window.elapsed, shard_samples)
         for run in runs:
             (run.workdir / "training-done").touch()
         await asyncio.gather(*(ended(run) for run in runs))
@@ -138,7 +143,8 @@ async def submit(p: Params, cp: ControlPlane, client: httpx.AsyncClient, workdir
     created = await client.post("/v1/jobs", json=job_spec(p, home, f"scale-{k}", marks))
     created.raise_for_status()
     job_id, token = created.json()["id"], created.json()["token"]
-    return JobRun(k, job_id, Fleet(p, cp.url, job_id, token), Observer(client, job_id, p.poll_s, marks), home)
+    fleet = Fleet(p, cp.url, job_id, token, p.simulator_processes)
+    return JobRun(k, job_id, fleet, Observer(client, job_id, p.poll_s, marks), home)
 
 
 def send_running(p: Params, fleet: Fleet) -> None:
@@ -158,7 +164,7 @@ async def step_all(p: Params, fleets: list[Fleet]) -> None:
         step += 1
         now = time.time()
         for fleet in fleets:
-            if fleet.nodes:
+            if fleet.started:
                 fleet.stepped(step, now, step_real)
 
 
@@ -199,22 +205,11 @@ async def partition(p: Params, run: JobRun, delay: float) -> None:
 def merged(runs: list[JobRun]) -> Fleet:
     """One fleet's worth of counts over every job (for the totals)."""
     total = Fleet(runs[0].fleet.p, "", "total", "")
-    t: Tally = total.tally
     for run in runs:
-        s = run.fleet.tally
-        for name in (
-            "ticks",
-            "delivered",
-            "delivered_by_shed",
-            "superseded",
-            "posts",
-            "accepted",
-            "retried",
-            "refused",
-            "rank_beats",
-        ):
-            setattr(t, name, getattr(t, name) + getattr(s, name))
-        for name in ("post_s", "post_events_s", "beat_age_s", "lag_s"):
-            getattr(t, name).extend(getattr(s, name))
-        t.reasons.update(s.reasons)
+        total.tally.add(run.fleet.tally)
     return total
+
+
+def simulator_processes(runs: list[JobRun]) -> list[psutil.Process]:
+    """This process and every job's simulator processes."""
+    return [psutil.Process(), *(process for run in runs for process in run.fleet.processes()[1:])]

@@ -26,14 +26,15 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         created = await client.post("/v1/jobs", json=job_spec(p, workdir, "scale-sim", workdir / "marks"))
         created.raise_for_status()
         job_id, token = created.json()["id"], created.json()["token"]
-        window = Window(cp.meter())
         watch = LoopWatch()
         watch.start()
-        sim = Simulation(p, client, cp.url, job_id, token, workdir, window)
+        sim = Simulation(p, client, cp, job_id, token, workdir)
         try:
             await sim.run()
         finally:
             sim.flag.touch()
+            await sim.fleet.collect()
+        window = sim.window
         t = time.perf_counter()
         goodput = (await client.get(f"/v1/jobs/{job_id}/goodput")).json()
         goodput_ms = (time.perf_counter() - t) * 1000
@@ -47,7 +48,7 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         "job": {"id": job["id"], "status": job["status"], "attempts": job["attempt"] + 1},
         "ingest": ingest_figures(sim.fleet, window, baseline, p.nodes),
         "cpu": window.cpu,
-        "loop": watch.between(window.started_wall, window.started_wall + window.elapsed),
+        "loop": watch.between(window.started_wall, window.started_wall + window.elapsed, sim.fleet.loop_samples),
         "duties": duty_figures(cp.duty_durations(), p.supervise_interval_s, window),
         "detection": detection_figures(sim),
         "events": event_figures(sim.fleet, events, listing_s, hang_windows(sim, p)),

@@ -41,6 +41,7 @@ class Params:
     poll_s: float = 0.25  # how often the simulator looks at the API while it waits for something
     duration_s: float = 90.0  # the several-jobs scenario: measured seconds after its warm-up
     start_events: bool = True  # the several-jobs scenario: every rank's `running` at each job's start
+    simulator_processes: int = 1  # more than 1: each job's nodes dealt over that many processes (shards.py)
 
     def __post_init__(self) -> None:
         if not self.report_interval_s:

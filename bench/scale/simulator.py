@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.scale.controlplane import Window
+from bench.scale.controlplane import ControlPlane, Window
 from bench.scale.fleet import Fleet, iso
 from bench.scale.params import Params
 from bench.scale.truth import Fault, Observer, Truth
@@ -30,13 +30,11 @@ ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 class Simulation:
-    def __init__(
-        self, p: Params, client: httpx.AsyncClient, url: str, job_id: str, token: str, workdir: Path, window: Window
-    ):
+    def __init__(self, p: Params, client: httpx.AsyncClient, cp: ControlPlane, job_id: str, token: str, workdir: Path):
         self.p = p
-        self.window = window
         self.job_id = job_id
-        self.fleet = Fleet(p, url, job_id, token)
+        self.fleet = Fleet(p, cp.url, job_id, token, p.simulator_processes)
+        self.window = Window(cp.meter({"simulator": self.fleet.processes}))
         self.marks = workdir / "marks"
         self.marks.mkdir(parents=True, exist_ok=True)
         self.flag = workdir / "training-done"
@@ -108,7 +106,7 @@ class Simulation:
         self.launch = launched.at
         pod = await self.observer.pod_started(0, 120)
         await self.fleet.start(0)  # the node agents start with their pods
-        self.fleet.tally.measuring = True
+        self.fleet.measure(True)
         self.window.begin()
         end = self.launch + p.real(p.sim_hours * 3600)
         start = max(time.time(), pod + p.real(p.init_sim_s))  # processes start, NCCL initializes, the model is built
@@ -123,8 +121,8 @@ class Simulation:
 
     async def stop(self) -> None:
         """End early: the agents stop (flushing what they can), the real process exits, the end is noted."""
-        if self.fleet.tally.measuring:
-            self.fleet.tally.measuring = False
+        if self.fleet.measuring:
+            self.fleet.measure(False)
             self.window.end()
         await self.fleet.close(10.0)
         self.flag.touch()
@@ -260,7 +258,7 @@ class Simulation:
                 "rank": None,
                 "details": details,
             }
-            self.fleet.send_from_every_node(lambda node: dict(restart))
+            self.fleet.send_from_every_node(restart)
         else:
             self.iteration += 1
             key = contract.inprocess_restart_key(self.job_id, self.attempt, self.restart_count, self.iteration)
@@ -308,12 +306,12 @@ class Simulation:
                 await self.advance(self.pending_save[0], "checkpoint_stall")
                 self.complete_save(self.t)
             await self.save()
-        self.fleet.beat = None
+        self.fleet.ranks_done()
         unblocked = self.t
         if self.pending_save is not None:
             await self.sleep_until(self.pending_save[0])
             self.complete_save(self.pending_save[0])
-        self.fleet.tally.measuring = False
+        self.fleet.measure(False)
         self.window.end()
         await self.fleet.close(30.0)  # the ranks exit; each agent sends what it holds, then exits
         self.flag.touch()  # the real process exits; ft_launcher exits 0; the supervisor records `succeeded`

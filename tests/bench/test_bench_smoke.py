@@ -56,15 +56,16 @@ def test_detect_smoke(tmp_path: Path) -> None:
 
 
 def test_scale_smoke(tmp_path: Path) -> None:
-    """32 nodes reporting through AsyncUplink every second against ftplane serve on PostgreSQL and Redis; seed 39 deals
-    a silent node first (its detection, the job restart and the new attempt's launch run for real). No event lost;
+    """32 nodes reporting through AsyncUplink every second against ftplane serve on PostgreSQL and Redis, dealt over two
+    simulator processes; seed 39 deals a silent node first (its detection, the job restart and the new attempt's
+    launch run for real). No event lost;
     ETTR near the simulator's truth (the recovery outlasts the simulated time here, so the buckets differ more than
     in a full run)."""
     from bench.scale.__main__ import main
 
     out = tmp_path / "scale.json"
     argv = ["--nodes", "32", "--heartbeat-timeout", "5", "--sim-hours", "0.7", "--compression", "120"]
-    argv += ["--baseline", "1"]
+    argv += ["--baseline", "1", "--simulator-processes", "2"]
     argv += ["--mix", "silent_node=1,crash=1,transient=1", "--mttf-1024-h", "0.1", "--seed", "39", "--json", str(out)]
     argv += ["--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL")]
     argv += ["--redis-url", require(REDIS_URL, "FTPLANE_TEST_REDIS_URL")]
