@@ -11,6 +11,7 @@ after an in-job restart. Run it under any launcher:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -92,6 +93,10 @@ def main() -> None:
             seconds, size = save_checkpoint(args.checkpoint_dir, step + 1, model, optimizer)
             print(f"checkpoint of step {step + 1} saved in {seconds:.3f} s ({size} bytes)", flush=True)
 
+    # DDP's reducer holds the process group: free it first, or the group's gloo threads are torn down at
+    # interpreter exit, which now and then aborted the rank (SIGABRT after its last step).
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
 
 

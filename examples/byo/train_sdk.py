@@ -11,6 +11,7 @@ its node's agent, never to the network; run anywhere else, the SDK's calls do no
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -99,6 +100,10 @@ def main() -> None:
             run.checkpoint_saved(step + 1, blocking_s=seconds, bytes=size)  # ftplane
         run.step(step + 1, loss=loss_value, tokens=args.batch_size)  # ftplane: heartbeat, then a fault due
 
+    # DDP's reducer holds the process group: free it first, or the group's gloo threads are torn down at
+    # interpreter exit, which now and then aborted the rank (SIGABRT after its last step).
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
     run.finish()  # ftplane
 
