@@ -78,13 +78,15 @@ def cpu_table(cpu: dict[str, float]) -> str:
     return table(header, [[cpu.get(n, float("nan")) for n in names]])
 
 
-def simulator_line(i: dict[str, Any], loop: dict[str, float]) -> str:
+def simulator_line(i: dict[str, Any], loop: dict[str, float], processes: int) -> str:
+    where = "one process" if processes <= 1 else f"the story's process and {processes} with the nodes"
     return (
-        f"simulator: {i['simulator_cores']:.2f} cores, {i['simulator_us_per_post']:,.0f} µs of its CPU per POST; "
+        f"simulator ({where}): {i['simulator_cores']:.2f} cores, {i['simulator_us_per_post']:,.0f} µs of its CPU "
+        "per POST; "
         f"offered {i['offered_of_scheduled'] * 100:.1f} % of the schedule (its interval timers fired late by "
         f"{i['timer_lag_p99_ms']:.0f} ms at p99); its event loop ran late by {loop['p99_ms']:.0f} ms at p99, "
         f"{loop['max_ms']:.0f} ms at worst, more than 2 s behind for {loop['over_2s_s']:.1f} s (the agents' 2 s "
-        "connect and 5 s read timeouts run on that loop)"
+        "connect and 5 s read timeouts run on their loop; the worst of its loops)"
     )
 
 
@@ -117,7 +119,7 @@ def one_job_report(f: dict[str, Any]) -> str:
     lines += ["baseline (same API, before the job):", baseline_table(f["baseline"]), ""]
     lines += ["ingest (the measured window: first agent start to the end of training):"]
     lines += [ingest_table([("job", f["ingest"])]), ""]
-    lines += [simulator_line(f["ingest"], f["loop"]), ""]
+    lines += [simulator_line(f["ingest"], f["loop"], f["params"].get("simulator_processes", 1)), ""]
     lines += [f"CPU over the window (cores; the machine has {f.get('cores', '?')}):", cpu_table(f["cpu"]), ""]
     lines += ["supervision duties (the worker's log):", duties_table(f["duties"]), ""]
     det = f["detection"]
@@ -182,7 +184,7 @@ def jobs_report(f: dict[str, Any]) -> str:
     rows = [(f"job {j['job']}", j["ingest"]) for j in f["jobs"]] + [("all", f["ingest"])]
     lines += ["ingest per job and in all (API µs/report: the API's CPU over all the jobs' reports):"]
     lines += [ingest_table(rows), ""]
-    lines.append(simulator_line(f["ingest"], f["loop"]))
+    lines.append(simulator_line(f["ingest"], f["loop"], f["params"].get("simulator_processes", 1)))
     lines += [f"CPU over the window (cores; the machine has {f.get('cores', '?')}):", cpu_table(f["cpu"]), ""]
     lines += ["supervision duties (the worker's log):", duties_table(f["duties"]), ""]
     det = [
