@@ -6,8 +6,9 @@ Without them the trainer runs as a one-rank job on a free local port.
 
 Ports: the process group rendezvous in a TCPStore on MASTER_PORT that rank 0
 hosts and that lives as long as the process (one PrefixStore per in-process
-restart iteration); NVRx's in-process Wrapper gets MASTER_PORT + 1 for its own
-store. ft_launcher hands workers `MASTER_ADDR=localhost`-style addresses, so a
+restart iteration); NVRx's in-process Wrapper gets a free port of its own, which
+the ranks agree on through that store (trainer/nvrx/inprocess_restart.py).
+ft_launcher hands workers `MASTER_ADDR=localhost`-style addresses, so a
 multi-node job passes rank 0's reachable address in FTPLANE_MASTER_ADDR.
 """
 
@@ -51,11 +52,6 @@ class Placement:
     device: torch.device
     backend: str
     collective_timeout_s: float
-
-    @property
-    def wrapper_port(self) -> int:
-        """The port of NVRx's in-process Wrapper store: one of its own, next to the process group's."""
-        return self.master_port + 1
 
     @classmethod
     def from_environment(cls, cfg: Config) -> Placement:

@@ -66,7 +66,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
         hard_timeout_s=cfg.inprocess_hard_timeout_s,
         max_iterations=cfg.inprocess_max_iterations,
         store_host=placement.master_addr,
-        store_port=placement.wrapper_port,
         cuda=placement.device.type == "cuda",
     )
 

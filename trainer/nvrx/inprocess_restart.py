@@ -9,8 +9,8 @@ reloaded from the latest checkpoint). `Iteration.ping()` feeds the Wrapper's pro
 - From 0.5-ish the Wrapper appends GPU and NVLink health checks (NVML) to the restart health check
   whenever LOCAL_RANK is set, which ft_launcher always sets. They fail on a machine without NVML, so on
   CPU the trainer replaces `restart_health_check` with its own checks (guarded by `hasattr`).
-- The Wrapper's store is given an explicit host and port (MASTER_PORT + 1), never MASTER_ADDR, which
-  ft_launcher sets to a local name.
+- The Wrapper's store is given an explicit host, never MASTER_ADDR (which ft_launcher sets to a local
+  name), and a port the ranks agree on at start (`agreed_store_port`).
 
 This module deliberately does not use `from __future__ import annotations`: the Wrapper finds the
 parameter that receives its `CallWrapper` by evaluating annotations.
@@ -18,7 +18,9 @@ parameter that receives its `CallWrapper` by evaluating annotations.
 
 import datetime
 import logging
-from collections.abc import Callable
+import os
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -122,18 +124,55 @@ def is_restart_signal(exc: BaseException) -> bool:
     return isinstance(exc, RESTART_SIGNALS)
 
 
+def agreed_store_port(
+    host: str, rendezvous_port: int, environ: Mapping[str, str] = os.environ, timeout_s: float = 300.0
+) -> int:
+    """A free port for the Wrapper's own store, the same on every rank: rank 0 takes one the kernel gives it and
+    says which through the job's rendezvous store at `rendezvous_port` (MASTER_PORT, shared with whatever else
+    uses it there, as torch's env:// rendezvous shares it); it waits until every rank has read it, so the
+    rendezvous store can be let go at once.
+
+    Not MASTER_PORT + 1, which nobody had promised: where another socket held that port, rank 0's store could
+    not listen on it, NVRx's store fell back to being a client of it, and every rank waited on a store that was
+    not there until ft_launcher killed them as hung (a full suite run met it after an in-job restart)."""
+    rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+    key = f"ftplane/inprocess-store/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    store = dist.TCPStore(
+        host,
+        rendezvous_port,
+        world_size,
+        is_master=rank == 0,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        multi_tenant=True,
+    )
+    if rank != 0:
+        port = int(store.get(key))
+        store.set(f"{key}/read/{rank}", "1")
+        return port
+    with socket.socket() as free:
+        free.bind(("", 0))  # free on every address, as the store's server listens on every address
+        port = int(free.getsockname()[1])
+    store.set(key, str(port))
+    if world_size > 1:
+        store.wait([f"{key}/read/{r}" for r in range(1, world_size)])
+    return port
+
+
 def wrap_inprocess(
     train: Callable[[Iteration], None],
     *,
     store_host: str,
-    store_port: int,
+    store_port: int | None,
+    rendezvous_port: int,
     soft_timeout_s: float,
     hard_timeout_s: float,
     max_iterations: int,
     cuda: bool,
 ) -> Callable[[], None]:
     """`train` wrapped in NVRx's in-process restart, configured from the job spec. The Wrapper's
-    store is its own, at `store_host:store_port` (rank 0 hosts it)."""
+    store is its own, at `store_host:store_port` (rank 0 hosts it); with no `store_port`, at one the
+    ranks agree on through the rendezvous store at `rendezvous_port` when the wrapped function is called."""
     soft = datetime.timedelta(seconds=soft_timeout_s)
     hard = datetime.timedelta(seconds=hard_timeout_s)
     barrier = max(datetime.timedelta(seconds=120), hard + datetime.timedelta(seconds=30))
@@ -142,8 +181,9 @@ def wrap_inprocess(
     if cuda:
         health = inprocess.Compose(inprocess.health_check.CudaHealthCheck(), budget)
 
+    store_kwargs: dict[str, Any] = {"host_name": store_host, "port": store_port}
     wrapper = inprocess.Wrapper(
-        store_kwargs={"host_name": store_host, "port": store_port},
+        store_kwargs=store_kwargs,
         health_check=health,
         finalize=BeforeRestart(budget),
         rank_assignment=AllRanksOrNone(),
@@ -161,7 +201,15 @@ def wrap_inprocess(
         train(Iteration(index=call_wrapper.iteration if call_wrapper else 0, call_wrapper=call_wrapper))
 
     wrapped: Callable[[], None] = wrapper(run)
-    return wrapped
+    if store_port is not None:
+        return wrapped
+
+    def agree_then_run() -> None:
+        # The Wrapper builds its store (and its monitor process's) from this dict when it is called.
+        store_kwargs["port"] = agreed_store_port(store_host, rendezvous_port)
+        wrapped()
+
+    return agree_then_run
 
 
 class RestartCauses:

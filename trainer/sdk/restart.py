@@ -69,8 +69,9 @@ def inprocess(
     Every argument defaults to what the job spec sets: `enabled` (FTPLANE_INPROCESS), the Wrapper's
     soft and hard progress timeouts (FTPLANE_INPROCESS_SOFT_TIMEOUT_S, _HARD_TIMEOUT_S: 60, 90 s),
     the in-process restarts allowed (FTPLANE_INPROCESS_MAX_ITERATIONS: 10). The Wrapper's own store
-    listens at `store_host` (FTPLANE_MASTER_ADDR, else MASTER_ADDR) port `store_port` (MASTER_PORT
-    + 1); `cuda` (default: whether CUDA is available) adds NVRx's CUDA health check.
+    listens at `store_host` (FTPLANE_MASTER_ADDR, else MASTER_ADDR) port `store_port` (default: a free
+    one the ranks agree on through the rendezvous store at MASTER_PORT when `fn`'s wrapper is called);
+    `cuda` (default: whether CUDA is available) adds NVRx's CUDA health check.
 
     `fn` must not leave a default process group behind: the Wrapper needs none to exist when it
     (re-)enters `fn`.
@@ -136,7 +137,8 @@ def inprocess(
     return inprocess_restart.wrap_inprocess(
         iteration,
         store_host=store_host or env.get(Env.MASTER_ADDR) or env.get("MASTER_ADDR") or "127.0.0.1",
-        store_port=store_port if store_port is not None else int(master_port or 0) + 1,
+        store_port=store_port,
+        rendezvous_port=int(master_port or 0),
         soft_timeout_s=soft,
         hard_timeout_s=hard,
         max_iterations=budget,

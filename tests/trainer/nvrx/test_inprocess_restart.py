@@ -4,6 +4,8 @@ Wrapper's options and health checks, the restart budget, the world it keeps, the
 from __future__ import annotations
 
 import datetime
+import socket
+import threading
 
 import pytest
 import torch.distributed as dist
@@ -18,6 +20,7 @@ from tests.trainer.conftest import free_port
 WRAPPER_OPTIONS = {
     "store_host": "10.1.2.3",
     "store_port": 29501,
+    "rendezvous_port": 29500,
     "soft_timeout_s": 60.0,
     "hard_timeout_s": 90.0,
     "max_iterations": 3,
@@ -55,6 +58,31 @@ def test_the_wrapped_function_receives_the_call_wrapper() -> None:
     sentinel = object.__new__(inprocess.CallWrapper)
     args, kwargs = param_utils.substitute_param_value(run.__wrapped__, (), {}, {inprocess.CallWrapper: sentinel})
     assert sentinel in (*args, *kwargs.values())
+
+
+def test_the_ranks_agree_on_a_free_port_for_the_wrappers_store() -> None:
+    """Rank 0 takes a free port and every rank reads it from the rendezvous store, whatever sits at MASTER_PORT + 1
+    (a listener here: the port the Wrapper's store used to take unasked); the rendezvous store is let go after."""
+    rendezvous = free_port()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", rendezvous + 1))
+        squatter.listen()
+        agreed: dict[int, int] = {}
+
+        def rank(r: int) -> None:
+            env = {"RANK": str(r), "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "3"}
+            agreed[r] = inprocess_restart.agreed_store_port("127.0.0.1", rendezvous, env, timeout_s=30)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]  # the reader may come first
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert agreed[0] == agreed[1] and agreed[0] != rendezvous + 1
+    with socket.socket() as probe:
+        probe.bind(("", agreed[0]))  # free: the Wrapper's store can listen there
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", rendezvous))  # nothing of the agreement left listening
 
 
 def test_restart_budget_counts_restarts_only() -> None:

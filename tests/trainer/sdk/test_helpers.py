@@ -94,7 +94,8 @@ def test_turned_on_it_builds_the_wrapper_from_the_job_spec(
         inprocess(lambda: None, make_run(agent), environ=INPROCESS_ENV, cuda=False)
     assert {k: v for k, v in built.items() if k != "train"} == {
         "store_host": "10.0.0.7",  # FTPLANE_MASTER_ADDR: rank 0's reachable address, not MASTER_ADDR
-        "store_port": 29401,  # the Wrapper's own store, next to the process group's
+        "store_port": None,  # the Wrapper's own store, at a free port the ranks agree on when it is called ...
+        "rendezvous_port": 29400,  # ... through the rendezvous store
         "soft_timeout_s": 20.0,
         "hard_timeout_s": 30.0,
         "max_iterations": 4,
