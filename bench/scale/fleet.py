@@ -70,10 +70,9 @@ class Tally:
 
     def add(self, other: Tally) -> None:
         """Count `other`'s figures in too (another group's, or another job's)."""
-        for name in ("ticks", "delivered", "delivered_by_shed", "superseded", "posts", "accepted", "retried"):
+        counts = ("ticks", "delivered", "delivered_by_shed", "superseded", "posts", "accepted", "retried", "refused")
+        for name in (*counts, "rank_beats"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.refused += other.refused
-        self.rank_beats += other.rank_beats
         for name in ("post_s", "post_events_s", "beat_age_s", "lag_s"):
             getattr(self, name).extend(getattr(other, name))
         self.reasons.update(other.reasons)
