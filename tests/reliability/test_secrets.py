@@ -122,7 +122,13 @@ def run_traffic(api: ApiProcess, workdir: Path, receiver: Receiver) -> dict[str,
     openapi = admin.get("/openapi.json").json()
     deliveries = admin.get(f"/v1/webhooks/{hook['id']}/deliveries").json()["items"]
     objective = admin.post("/v1/objectives", json={"target": 0.9}).json()
-    nodes = [node["name"] for node in admin.get("/v1/nodes").json()["nodes"]]
+    # The fleet's ledger reads ended jobs on its own cadence: wait for it to hold the job's node (a made-up name
+    # would be a 404, and every GET here must answer).
+    nodes = wait_for(
+        "the fleet's ledger to hold the job's node",
+        lambda: [node["name"] for node in admin.get("/v1/nodes").json()["nodes"]],
+        60,
+    )
     ids = {
         "job_id": job["id"],
         "webhook_id": hook["id"],
