@@ -31,8 +31,8 @@ from typing import Any
 from api.schemas.spec import default_report_interval
 from bench.common import ROOT, machine
 from bench.scale.controlplane import control_plane
-from bench.scale.fleet import run_loop
 from bench.scale.jobs import run_jobs
+from bench.scale.loop import run_loop
 from bench.scale.one_job import baseline_figures, run_one_job
 from bench.scale.params import Params
 from bench.scale.report import jobs_report, one_job_report

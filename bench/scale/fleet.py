@@ -25,14 +25,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
 from api.core import heap
+from bench.scale.counts import Ledger, Tally
 from bench.scale.params import Params
 from bench.scale.wire import Network
 from ftplane.trainer.agent.report_buffer import Outcome, Report
@@ -41,57 +41,9 @@ from ftplane.trainer.agent.uplink import AsyncUplink
 if TYPE_CHECKING:
     from bench.scale.shards import Shard
 
-T = TypeVar("T")
-
 
 def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat()
-
-
-@dataclass
-class Tally:
-    """What a job's simulated agents offered and what the control plane accepted, while `measuring`."""
-
-    measuring: bool = False
-    ticks: int = 0  # node beats offered
-    delivered: int = 0  # (counted until the agents stop, past the window: a beat offered in it may arrive after)
-    delivered_by_shed: int = 0  # of those, by a 503 that said the liveness was taken (its events shed, resent)
-    superseded: int = 0
-    posts: int = 0
-    accepted: int = 0
-    retried: int = 0
-    refused: int = 0
-    rank_beats: int = 0  # heartbeats in accepted reports
-    post_s: list[float] = field(default_factory=list)  # reports with heartbeats and liveness only
-    post_events_s: list[float] = field(default_factory=list)  # reports that carried events
-    beat_age_s: list[float] = field(default_factory=list)
-    lag_s: list[float] = field(default_factory=list)  # how late the agents' interval timers fired
-    reasons: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    def add(self, other: Tally) -> None:
-        """Count `other`'s figures in too (another group's, or another job's)."""
-        counts = ("ticks", "delivered", "delivered_by_shed", "superseded", "posts", "accepted", "retried", "refused")
-        for name in (*counts, "rank_beats"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("post_s", "post_events_s", "beat_age_s", "lag_s"):
-            getattr(self, name).extend(getattr(other, name))
-        self.reasons.update(other.reasons)
-
-
-@dataclass
-class Ledger:
-    """Every event key handed to an agent (with the ts it carried), and what became of it."""
-
-    offered: dict[str, str] = field(default_factory=dict)
-    accepted: set[str] = field(default_factory=set)
-    refused: set[str] = field(default_factory=set)
-    died: set[str] = field(default_factory=set)  # queued on a node that froze before sending them
-
-    def add(self, other: Ledger) -> None:
-        self.offered.update(other.offered)
-        self.accepted |= other.accepted
-        self.refused |= other.refused
-        self.died |= other.died
 
 
 class SimNode:
@@ -418,42 +370,3 @@ async def wait_quiet(fleet: Fleet, timeout: float) -> bool:
             return False
         await asyncio.sleep(0.1)
     return True
-
-
-class LoopWatch:
-    """How late this process's event loop runs a 50 ms timer. The agents' connect and read timeouts run on this
-    loop: while it is late by more than a timeout, a POST can time out on the simulator's side, not the server's."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float]] = []  # (wall clock, seconds late)
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._watch())
-
-    async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            due = loop.time() + 0.05
-            await asyncio.sleep(0.05)
-            self.samples.append((time.time(), loop.time() - due))
-
-    def between(self, lo: float, hi: float, more: list[tuple[float, float]] | None = None) -> dict[str, float]:
-        """How late the loop ran between `lo` and `hi` (wall clock), with `more` samples of other loops."""
-        late = [s for t, s in [*self.samples, *(more or [])] if lo <= t <= hi]
-        return {
-            "p99_ms": sorted(late)[int(0.99 * (len(late) - 1))] * 1000 if late else float("nan"),
-            "max_ms": max(late, default=float("nan")) * 1000,
-            "over_2s_s": sum(0.05 + s for s in late if s > 2.0),  # time the loop spent more than 2 s behind
-        }
-
-
-def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """A simulator process's one event loop: uvloop where installed (it comes with uvicorn[standard], as the API's
-    loop does), asyncio's own otherwise. Every node's timers and POSTs share it, so its own cost is what keeps it on
-    time."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)

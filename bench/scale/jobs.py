@@ -22,7 +22,8 @@ import httpx
 import psutil
 
 from bench.scale.controlplane import ControlPlane, Window, job_spec
-from bench.scale.fleet import Fleet, LoopWatch, iso, wait_quiet
+from bench.scale.fleet import Fleet, iso, wait_quiet
+from bench.scale.loop import LoopWatch
 from bench.scale.one_job import all_events, duty_figures, event_figures, ingest_figures
 from bench.scale.params import Params
 from bench.scale.simulator import ENDED

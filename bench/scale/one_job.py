@@ -14,7 +14,8 @@ import httpx
 
 from bench.common import LoadResult, percentile
 from bench.scale.controlplane import ControlPlane, Window, job_spec
-from bench.scale.fleet import Fleet, LoopWatch
+from bench.scale.fleet import Fleet
+from bench.scale.loop import LoopWatch
 from bench.scale.params import BUCKETS, Params
 from bench.scale.simulator import Simulation
 from bench.scale.truth import parse

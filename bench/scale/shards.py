@@ -24,7 +24,9 @@ from typing import Any
 
 import psutil
 
-from bench.scale.fleet import Beat, Ledger, LoopWatch, NodeGroup, Tally, run_loop
+from bench.scale.counts import Ledger, Tally
+from bench.scale.fleet import Beat, NodeGroup
+from bench.scale.loop import LoopWatch, run_loop
 from bench.scale.params import Params
 
 Command = tuple[int | None, str, tuple[Any, ...]]  # (the id an answer carries, or None; the method; its arguments)

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.scale.fleet import Fleet, iso, run_loop, wait_quiet
+from bench.scale.fleet import Fleet, iso, wait_quiet
+from bench.scale.loop import run_loop
 from bench.scale.params import Params
 from bench.scale.truth import parse
 from tests.support.live_api import serve_in_thread
