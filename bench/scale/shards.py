@@ -50,6 +50,7 @@ class Shard:
         self.answers: dict[int, asyncio.Future[Any]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.events: list[tuple[int, dict[str, Any]]] = []  # sends of this turn, one command at its flush
+        self.flush_due = False  # a flush is scheduled for this turn's end
 
     # ---- the pipe ----
 
@@ -68,17 +69,23 @@ class Shard:
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
             receive(self.conn, self.loop, self._answered, "simulator-answers")
-        if self.events:  # in order: the sends before this command go first
-            self.outbox.append((None, "send_events", (self.events,)))
-            self.events = []
-        if not self.outbox:
-            self.loop.call_soon(self._flush)
+        self._pack_events()  # in order: the sends before this command go first
+        self._flush_soon()
         self.outbox.append((answer_id, name, args))
 
-    def _flush(self) -> None:
+    def _pack_events(self) -> None:
         if self.events:
             self.outbox.append((None, "send_events", (self.events,)))
             self.events = []
+
+    def _flush_soon(self) -> None:
+        if not self.flush_due:
+            self.flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_due = False
+        self._pack_events()
         if self.outbox:
             self.conn.send(self.outbox)
             self.outbox = []
@@ -108,8 +115,7 @@ class Shard:
         self._tell("set_beat", beat)
 
     def send(self, node: int, event: dict[str, Any]) -> None:
-        if not self.events and not self.outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
+        self._flush_soon()
         self.events.append((node, event))
 
     def send_to_all(self, event: dict[str, Any]) -> None:
