@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
@@ -106,16 +106,29 @@ def max_step(session: Session, job_id: str, attempt: int) -> int | None:
     )
 
 
-def stale_ranks(session: Session, job_id: str, attempt: int, older_than: datetime) -> list[RankLiveness]:
-    return list(
-        session.scalars(
-            select(RankLiveness).where(
-                RankLiveness.job_id == job_id,
-                RankLiveness.attempt == attempt,
-                RankLiveness.last_seen < older_than,
-            )
+class QuietRank(Protocol):
+    """What the silent-rank duty reads of a quiet rank: a row of four columns, not a mapped object (a job-wide hang
+    is 131,072 of them)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def last_seen(self) -> datetime: ...
+
+
+def stale_ranks(session: Session, job_id: str, attempt: int, older_than: datetime) -> Sequence[QuietRank]:
+    rows = session.execute(
+        select(RankLiveness.rank, RankLiveness.node, RankLiveness.step, RankLiveness.last_seen).where(
+            RankLiveness.job_id == job_id,
+            RankLiveness.attempt == attempt,
+            RankLiveness.last_seen < older_than,
         )
     )
+    return rows.all()
 
 
 def forget_attempt(session: Session, job_id: str, attempt: int) -> None:

@@ -6,7 +6,8 @@ The standard body, stored with the delivery when the event is stored, so every r
     {"type": "injob_restart", "timestamp": "<event time>",
      "data": {"event": {id, type, ts, attempt, rank, node, step, details},
               "job": {id, name, status, attempt, labels, url},
-              "affected": {"events", "ranks", "nodes", "truncated"}}}   # PER_RANK_TYPES only
+              "affected": {"events", "rank_count", "node_count", "ranks", "nodes", "truncated"}}}
+                                                                  # PER_RANK_TYPES only
 
 A rank's failure, and the restart or end it caused, carry the failed rank's last lines in
 `details.tail` (redacted on its node); a Slack message shows the last of them.
@@ -15,9 +16,10 @@ Where the event has a `cause` (the sentence), `details` carry its `cause_class` 
 of `api.schemas.causes.CauseClass`, the one the event states (`unknown` if it states none), so a
 receiver can switch on it without reading the sentence.
 
-A failure that is stored once per rank (`PER_RANK_TYPES`: a job-wide hang is one
-`hang_detected` per silent rank) is announced once per batch of such events stored together:
-`affected` counts them and lists their ranks and nodes (at most `AFFECTED_LISTED` of each).
+A failure that is stored once per rank or node (`PER_RANK_TYPES`: a job-wide hang is one
+`hang_detected` per node with silent ranks, each naming them in `details.ranks`) is announced once per
+batch of such events stored together: `affected` counts the events, the ranks and the nodes, and lists
+the ranks and nodes (at most `AFFECTED_LISTED` of each).
 
 Headers: `webhook-id` (stable across retries), `webhook-timestamp` (this attempt, Unix
 seconds) and `webhook-signature` (`v1,<base64 HMAC-SHA256>`), made with the `standardwebhooks`
@@ -138,14 +140,24 @@ def _details(event: Event) -> dict[str, Any]:
 
 
 def _affected(events: list[Event]) -> dict[str, Any]:
-    ranks = sorted({e.rank for e in events if e.rank is not None})
+    ranks = sorted({rank for e in events for rank in _ranks_of(e)})
     nodes = sorted({e.node for e in events if e.node})
     return {
         "events": len(events),
+        "rank_count": len(ranks),
+        "node_count": len(nodes),
         "ranks": ranks[:AFFECTED_LISTED],
         "nodes": nodes[:AFFECTED_LISTED],
         "truncated": len(ranks) > AFFECTED_LISTED or len(nodes) > AFFECTED_LISTED,
     }
+
+
+def _ranks_of(event: Event) -> list[int]:
+    """A node's hang names every silent rank of the node (`details.ranks`); a rank's, its own."""
+    listed = (event.details or {}).get("ranks")
+    if isinstance(listed, list):
+        return [r for r in listed if isinstance(r, int)]
+    return [event.rank] if event.rank is not None else []
 
 
 def _slack_escape(text: str) -> str:
@@ -175,10 +187,10 @@ def slack_payload(payload: dict[str, Any]) -> dict[str, Any]:
         if event.get(key) is not None:
             facts.append(f"{key} {_slack_escape(str(event[key]))}")
     affected = payload["data"].get("affected") or {}
-    if affected.get("events", 1) > 1:
-        also = f"{affected['events']} ranks"
-        if affected.get("nodes"):
-            also += f" on {len(affected['nodes'])}{'+' if affected.get('truncated') else ''} node(s)"
+    if affected.get("rank_count", 1) > 1:
+        also = f"{affected['rank_count']} ranks"
+        if affected.get("node_count"):
+            also += f" on {affected['node_count']} node(s)"
         headline += f" ({also})"
         facts.append(also)
     linked = f"<{job['url']}|{name}>" if job.get("url") else name

@@ -25,13 +25,15 @@ the initial timeout, counted from its last beat. A rank that hangs on its way ou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
 from api import models
-from api.database.tables import Attempt, Job, RankLiveness
+from api.database.tables import Attempt, Job
+from api.models.liveness import QuietRank
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
@@ -84,63 +86,76 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
         return _never_heard(session, job, attempt, spec, "no heartbeat from any rank")
     restarting_since = models.events.latest_ts(session, job.id, job.attempt, RESTART_MARKERS)
 
-    def restarting(rank: RankLiveness) -> bool:
+    def restarting(rank: QuietRank) -> bool:
         return restarting_since is not None and restarting_since > rank.last_seen
 
-    def hung_before_restart(rank: RankLiveness) -> bool:
+    def hung_before_restart(rank: QuietRank) -> bool:
         assert restarting_since is not None
         return (restarting_since - rank.last_seen).total_seconds() >= timeout - HUNG_BEFORE_RESTART_TOLERANCE_S
 
-    def finishing(rank: RankLiveness) -> bool:
-        return job.total_steps is not None and rank.step >= job.total_steps
+    total_steps = job.total_steps
+    # per rank, for every quiet rank of a job-wide hang (131,072): the spans are made once
+    restarted_deadline = restarting_since + timedelta(seconds=initial) if restarting_since is not None else None
+    timeout_span, initial_span = timedelta(seconds=timeout), timedelta(seconds=initial)
 
-    def deadline(rank: RankLiveness) -> datetime:
-        if restarting(rank):
-            assert restarting_since is not None
-            return restarting_since + timedelta(seconds=initial)
-        return rank.last_seen + timedelta(seconds=initial if finishing(rank) else timeout)
+    def finishing(rank: QuietRank) -> bool:
+        return total_steps is not None and rank.step >= total_steps
+
+    def deadline(rank: QuietRank) -> datetime:
+        if restarted_deadline is not None and restarting_since is not None and restarting_since > rank.last_seen:
+            return restarted_deadline
+        return rank.last_seen + (initial_span if finishing(rank) else timeout_span)
 
     # Only ranks quiet for the shorter of the two timeouts can be silent: read those alone (a 16k-rank job's
     # rows are not loaded every pass), and skip the silences already recorded (their keys are stored).
     shortest = min(timeout, initial)
     quiet_ranks = models.liveness.stale_ranks(session, job.id, job.attempt, now - timedelta(seconds=shortest))
-    silent = [r for r in quiet_ranks if deadline(r) < now]
-    hung_then_restarted = [r for r in quiet_ranks if deadline(r) >= now and restarting(r) and hung_before_restart(r)]
+    due = [(r, deadline(r)) for r in quiet_ranks]
+    silent = [r for r, at in due if at < now]
+    hung_then_restarted = [r for r, at in due if at >= now and restarting(r) and hung_before_restart(r)]
     if not silent and not hung_then_restarted:
         return None
-    recorded = models.events.keys_of_type(session, job.id, job.attempt, EventType.hang_detected.value)
-    events = []
-    worst = 0.0
-    overdue = 0.0
-    for rank in silent + hung_then_restarted:
+
+    def cause(rank: QuietRank, recovering: bool) -> str:
         quiet = (now - rank.last_seen).total_seconds()
-        cause = f"no heartbeat for {quiet:.1f} s (timeout {timeout:g} s) at step {rank.step}"
-        if rank in hung_then_restarted:
+        if recovering:
             assert restarting_since is not None
             before = (restarting_since - rank.last_seen).total_seconds()
-            cause = (
+            return (
                 f"no heartbeat for {before:.1f} s (timeout {timeout:g} s) at step {rank.step} when a restart "
                 "began: the launcher is recovering it"
             )
-        elif restarting(rank):
+        if restarting(rank):
             assert restarting_since is not None
-            cause = (
+            return (
                 f"no heartbeat {(now - restarting_since).total_seconds():.1f} s after a restart began "
                 f"(initial timeout {initial:g} s); last step {rank.step}"
             )
-        elif finishing(rank):
-            cause = (
+        if finishing(rank):
+            return (
                 f"no heartbeat for {quiet:.1f} s after the run's last step {rank.step} (initial timeout {initial:g} s)"
             )
-        if rank in silent:
-            worst = max(worst, quiet)
-            overdue = max(overdue, (now - deadline(rank)).total_seconds())
-        key = f"hang:a{job.attempt}:r{rank.rank}:t{int(rank.last_seen.timestamp() * 1000)}"
-        if key not in recorded:
-            events.append(_event(job, rank.rank, rank.step, key, cause, rank.node, silent_s=round(quiet, 3)))
+        return f"no heartbeat for {quiet:.1f} s (timeout {timeout:g} s) at step {rank.step}"
+
+    recorded = models.events.keys_of_type(session, job.id, job.attempt, EventType.hang_detected.value)
+    events = []
+    for recovering, ranks in ((False, silent), (True, hung_then_restarted)):
+        for hung in hangs(ranks):
+            lead = hung[0]
+            key = f"hang:a{job.attempt}:r{lead.rank}:t{int(lead.last_seen.timestamp() * 1000)}"
+            if key in recorded:
+                continue
+            quiet = round((now - lead.last_seen).total_seconds(), 3)
+            text = cause(lead, recovering)
+            if len(hung) > 1:
+                text = f"{len(hung)} ranks of node {lead.node} silent, rank {lead.rank} the longest: {text}"
+            ranks_of_node = sorted(r.rank for r in hung) if len(hung) > 1 else None
+            events.append(_event(job, lead.rank, lead.step, key, text, lead.node, quiet, ranks_of_node))
     reporting.record_events(session, job, events)
     if not silent:
         return None
+    worst = (now - min(r.last_seen for r in silent)).total_seconds()
+    overdue = (now - min(at for _, at in due if at < now)).total_seconds()
     summary = f"{len(silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
     blamed = tuple(sorted({r.node for r in silent if r.node}))
     if len(blamed) >= spec.nodes:  # every node has a silent rank: no one node is to blame
@@ -148,6 +163,16 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     if blamed:
         summary += f" on node(s) {', '.join(blamed)}"
     return Silence(summary, escalate=overdue > timeout, silent_s=round(worst, 3), nodes=blamed)
+
+
+def hangs(ranks: Sequence[QuietRank]) -> list[list[QuietRank]]:
+    """The hangs to record for these silent ranks: one per node (a job-wide hang of 131,072 ranks is 16,384 events,
+    not 131,072), a rank without a node on its own; each led by its longest-silent rank, whose key it takes, so a
+    node's later-silent ranks found on a later pass add nothing to the hang already recorded."""
+    by_node: dict[str, list[QuietRank]] = {}
+    for rank in ranks:
+        by_node.setdefault(rank.node or f"rank {rank.rank}", []).append(rank)
+    return [sorted(group, key=lambda r: (r.last_seen, r.rank)) for group in by_node.values()]
 
 
 def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:
@@ -211,9 +236,13 @@ def _event(
     cause: str,
     node: str | None = None,
     silent_s: float | None = None,
+    ranks: list[int] | None = None,
 ) -> EventIn:
-    # silent_s: how long the rank had been quiet (goodput dates the hang's onset by it)
+    # silent_s: how long the (longest-silent) rank had been quiet (goodput dates the hang's onset by it);
+    # ranks: every silent rank of the node, where there are several
     facts: dict[str, object] = {"rank": rank} if rank is not None else {}
+    if ranks is not None:
+        facts["ranks"] = ranks
     if silent_s is not None:
         facts["silent_s"] = silent_s
     return EventIn(

@@ -61,8 +61,8 @@ def number(value: Any) -> float | None:
 def load_records(session: Session, job_id: str) -> list[Record]:
     """The job's events the accounting needs, with the per-rank kinds read aggregated: `running` one row per
     run and source (its last rank's time; a job of N ranks sends N per restart), and silences one row per detection
-    pass (the supervisor stores a pass's hang_detected events with one time; a job-wide hang of N ranks is N
-    events), carrying the longest silence (`silent_s`) and the highest step."""
+    pass (the supervisor stores a pass's hang_detected events with one time; a job-wide hang is one event per
+    node), carrying the longest silence (`silent_s`) and the highest step."""
     per_rank = [EventType.running.value, *(t.value for t in SILENCE_TYPES)]
     rows = session.execute(
         select(Event.type, Event.ts, Event.attempt, Event.step, Event.details).where(

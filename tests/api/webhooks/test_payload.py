@@ -24,12 +24,19 @@ def test_a_job_wide_hang_is_announced_once_per_batch_with_its_ranks_and_nodes(
     slack = subscribe(admin, receiver, "/slack", format="slack")
     job = make_job()
     start(job)
-    hangs = [
-        {"key": f"h{rank}", "type": "hang_detected", "rank": rank, "node": f"node-{rank // 3}", "step": 40}
-        for rank in range(6)
+    hangs = [  # as the supervisor stores a job-wide hang: one event per node, naming its silent ranks
+        {
+            "key": f"h{node}",
+            "type": "hang_detected",
+            "rank": 3 * node,
+            "node": f"node-{node}",
+            "step": 40,
+            "details": {"ranks": [3 * node, 3 * node + 1, 3 * node + 2]},
+        }
+        for node in range(2)
     ]
     stored = post_events(admin, job, *hangs, {"key": "restart", "type": "injob_restart", "rank": 2})
-    assert stored["stored"] == 7  # every rank's hang is kept (goodput and the dashboard read them)
+    assert stored["stored"] == 3  # every node's hang is kept (goodput and the dashboard read them)
     assert len(enqueued) == 4  # one hang announcement and one restart, to each of two subscriptions
     for delivery_id, _ in enqueued:
         assert deliver_webhook(delivery_id) == "delivered"
@@ -37,7 +44,9 @@ def test_a_job_wide_hang_is_announced_once_per_batch_with_its_ranks_and_nodes(
     hang, restart = (Webhook(hook["secret"]).verify(got.body, got.headers) for got in receiver.at("/hook"))
     assert (hang["type"], hang["data"]["event"]["rank"], restart["type"]) == ("hang_detected", 0, "injob_restart")
     assert hang["data"]["affected"] == {
-        "events": 6,
+        "events": 2,
+        "rank_count": 6,
+        "node_count": 2,
         "ranks": [0, 1, 2, 3, 4, 5],
         "nodes": ["node-0", "node-1"],
         "truncated": False,
@@ -51,7 +60,14 @@ def test_a_job_wide_hang_is_announced_once_per_batch_with_its_ranks_and_nodes(
     assert len(enqueued) == 6
     deliver_webhook(enqueued[4][0])
     later = Webhook(hook["secret"]).verify(receiver.at("/hook")[-1].body, receiver.at("/hook")[-1].headers)
-    assert later["data"]["affected"] == {"events": 1, "ranks": [9], "nodes": ["node-3"], "truncated": False}
+    assert later["data"]["affected"] == {
+        "events": 1,
+        "rank_count": 1,
+        "node_count": 1,
+        "ranks": [9],
+        "nodes": ["node-3"],
+        "truncated": False,
+    }
 
 
 def test_the_ranks_of_a_huge_hang_are_listed_up_to_a_bound() -> None:
@@ -70,7 +86,8 @@ def test_the_ranks_of_a_huge_hang_are_listed_up_to_a_bound() -> None:
     from api.webhooks.messages import _affected
 
     affected = _affected(announced[0][1])
-    assert affected["events"] == 1000 and affected["truncated"]
+    assert (affected["events"], affected["rank_count"], affected["node_count"]) == (1000, 1000, 125)
+    assert affected["truncated"]
     assert affected["ranks"] == list(range(AFFECTED_LISTED)) and len(affected["nodes"]) == AFFECTED_LISTED
 
 

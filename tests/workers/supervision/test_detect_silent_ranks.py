@@ -136,3 +136,36 @@ def test_ranks_past_the_last_step_get_the_initial_timeout_to_finish(
     supervise(job["id"])
     hangs = [e for e in admin.get(f"/v1/jobs/{job['id']}/events").json()["items"] if e["type"] == "hang_detected"]
     assert sorted(h["rank"] for h in hangs) == [0, 1]
+
+
+def test_a_hang_is_one_event_per_node_naming_its_silent_ranks(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """A job-wide hang of 131,072 ranks is 16,384 events, not 131,072: a node's silent ranks are one hang, led by
+    its longest-silent rank; a rank of the node found silent on a later pass adds nothing to it."""
+    from api.schemas.events import utcnow
+
+    job = make_job(nodes=2, resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
+    beats = [{"rank": r, "step": 7, "node": f"node-{r // 2}"} for r in range(4)]
+    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats})
+    now = utcnow()
+    last_seen(job["id"], {0: 12.0, 1: 12.5, 2: 11.0, 3: 0.5}, now)
+    supervise(job["id"])
+
+    def hangs() -> list[dict[str, Any]]:
+        listed = admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "hang_detected"}).json()["items"]
+        return sorted(listed, key=lambda e: e["rank"])
+
+    first = hangs()
+    assert [(h["node"], h["rank"], h["details"].get("ranks")) for h in first] == [
+        ("node-0", 1, [0, 1]),  # led by rank 1, silent the longest
+        ("node-1", 2, None),  # a node's one silent rank is that rank's hang
+    ]
+    assert first[0]["details"]["silent_s"] >= 12.5
+    assert first[0]["details"]["cause"].startswith("2 ranks of node node-0 silent, rank 1 the longest: no heartbeat")
+
+    last_seen(job["id"], {3: 10.5}, now)  # node-1's other rank falls silent too: the same hang
+    supervise(job["id"])
+    assert [h["key"] for h in hangs()] == [h["key"] for h in first]
