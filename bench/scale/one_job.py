@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,7 @@ def event_figures(
         "sent": len(expected),
         "died_with_a_frozen_node": len(ledger.died),
         "missing": len(missing),
+        "missing_by_kind": dict(Counter(kind_of(k) for k in missing).most_common()),
         "timestamp_changed": len(moved),
         "refused": len(ledger.refused),
         "lost": len(missing) + len(moved) + len(ledger.refused & set(expected)),
@@ -207,6 +209,12 @@ def event_figures(
         "false_hang_detected": len(false),
         "listing_s": listing_s,
     }
+
+
+def kind_of(key: str) -> str:
+    """What an event key of the simulator's names, without its rank: `sim:run:a1:r0:i0:77` -> `sim:run:a1:r0:i0`."""
+    parts = key.split(":")
+    return ":".join(parts[:-1]) if parts[:2] == ["sim", "run"] else ":".join(parts[:2])
 
 
 def goodput_figures(sim: Simulation, goodput: dict[str, Any], goodput_ms: float) -> dict[str, Any]:

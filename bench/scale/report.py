@@ -146,6 +146,8 @@ def one_job_report(f: dict[str, Any]) -> str:
         f"{ev['stored_for_job']:,} stored for the job; hang_detected {ev['hang_detected']:,} "
         f"({ev['false_hang_detected']} outside a simulated silence); listing took {ev['listing_s']:.1f} s"
     )
+    if ev.get("missing_by_kind"):
+        lines.append("  missing by kind: " + ", ".join(f"{k} {n:,}" for k, n in ev["missing_by_kind"].items()))
     g = f["goodput"]
     if g is None:
         lines += ["", f"the story stopped early ({f['aborted']}): no goodput comparison", "", "goals:"]
