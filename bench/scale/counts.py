@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -35,6 +36,16 @@ class Tally:
         for name in ("post_s", "post_events_s", "beat_age_s", "lag_s"):
             getattr(self, name).extend(getattr(other, name))
         self.reasons.update(other.reasons)
+
+
+def keys_carried(event: dict[str, Any]) -> list[str]:
+    """The simulator's event keys one stored or sent event stands for: its own, or, for the ranks' `running` of a run
+    that a node's agent folded into one (`details.ranks`), every rank's (`sim:run:<run>:<rank>`)."""
+    ranks = (event.get("details") or {}).get("ranks")
+    if not ranks:
+        return [event["key"]]
+    run = event["key"].rsplit(":", 1)[0]
+    return [f"{run}:{rank}" for rank in ranks]
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from api.core import heap
-from bench.scale.counts import Ledger, Tally
+from bench.scale.counts import Ledger, Tally, keys_carried
 from bench.scale.params import Params
 from bench.scale.wire import Network
 from ftplane.trainer.agent.report_buffer import Outcome, Report
@@ -113,7 +113,7 @@ class SimNode:
 
     def _settled(self, report: Report, outcome: Outcome, seconds: float) -> None:
         tally, ledger = self.fleet.tally, self.fleet.ledger
-        keys = [e["key"] for e in report.events]
+        keys = [k for e in report.events for k in keys_carried(e)]
         if outcome.ok:
             if not self.connected:
                 self.connected = True
@@ -173,7 +173,7 @@ class SimNode:
             self.timer.cancel()
         self.disturb()
         self.handed.clear()
-        self.fleet.ledger.died.update(e["key"] for e in self.uplink.buffer.events)
+        self.fleet.ledger.died.update(k for e in self.uplink.buffer.events for k in keys_carried(e))
         await self.uplink.stop()
 
 

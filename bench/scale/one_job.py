@@ -15,6 +15,7 @@ import httpx
 
 from bench.common import LoadResult, percentile
 from bench.scale.controlplane import ControlPlane, Window, job_spec
+from bench.scale.counts import keys_carried
 from bench.scale.fleet import Fleet
 from bench.scale.loop import LoopWatch
 from bench.scale.params import BUCKETS, Params
@@ -190,7 +191,7 @@ def event_figures(
 ) -> dict[str, Any]:
     """Every key handed to an agent must be stored, with the ts it carried; refused ones count as lost."""
     ledger = fleet.ledger
-    stored = {e["key"]: e for e in events}
+    stored = {k: e for e in events for k in keys_carried(e)}
     expected = {k: ts for k, ts in ledger.offered.items() if k not in ledger.died}
     missing = [k for k in expected if k not in stored]
     moved = [k for k, ts in expected.items() if k in stored and abs(parse(stored[k]["ts"]) - parse(ts)) > 1e-3]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.scale.counts import keys_carried
 from bench.scale.fleet import Fleet, iso, wait_quiet
 from bench.scale.loop import run_loop
 from bench.scale.params import Params
@@ -53,8 +54,11 @@ def test_every_event_handed_to_a_node_is_stored_once_in_one_process_or_two(
     ledger, tally = fleet.ledger, fleet.tally
     assert ledger.died == {"lost-with-node-3"} and not ledger.refused
     assert ledger.accepted == set(ledger.offered) - ledger.died
-    stored = {e["key"]: e for e in admin.get(f"/v1/jobs/{job['id']}/events", params={"limit": 100}).json()["items"]}
+    events = admin.get(f"/v1/jobs/{job['id']}/events", params={"limit": 100}).json()["items"]
+    stored = {key: e for e in events for key in keys_carried(e)}
     assert set(stored) == ledger.accepted  # the restart said by four nodes is one event
+    running = [e for e in events if e["type"] == "running"]  # a node's two ranks' `running` is one event
+    assert sorted(e["details"]["ranks"] for e in running) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert all(abs(parse(stored[key]["ts"]) - parse(ts)) < 1e-3 for key, ts in ledger.offered.items() if key in stored)
     assert tally.ticks > 0 and tally.delivered > 0 and tally.accepted > 0
     assert not fleet.shards  # the simulator processes ended

@@ -172,6 +172,11 @@ class Receiver:
         with self.lock:
             return [self.events[k] for k in self.event_order if self.events[k]["type"] == type_]
 
+    def ranks_running(self) -> list[dict[str, Any]]:
+        """The ranks' own `running` (not the node agent's), one per rank: a node's agent folds its ranks' `running` of
+        one run into one event (`details.ranks`, each rank's process in `details.processes`)."""
+        return [r for e in self.of_type("running") if e["details"].get("source") != "agent" for r in per_rank(e)]
+
     def types(self) -> list[str]:
         with self.lock:
             return [self.events[k]["type"] for k in self.event_order]
@@ -180,6 +185,15 @@ class Receiver:
         with self.lock:
             steps = [b["step"] for b in self.heartbeats if rank is None or b["rank"] == rank]
         return max(steps, default=-1)
+
+
+def per_rank(running: dict[str, Any]) -> list[dict[str, Any]]:
+    """A `running` the agent folded, as its ranks' own: each with its rank and its process's details."""
+    details = running["details"]
+    if "ranks" not in details:
+        return [running]
+    processes = {p["rank"]: p for p in details.get("processes", [])}
+    return [{**running, "rank": rank, "details": {**details, **processes.get(rank, {})}} for rank in details["ranks"]]
 
 
 @pytest.fixture

@@ -86,8 +86,7 @@ def test_the_sdk_script_reports_steps_checkpoints_and_an_injected_fault(
     [restart] = receiver.of_type("injob_restart")  # the node agent's, from the launcher
     assert restart["details"]["restart_count"] == 1
 
-    ranks_running = [e for e in receiver.of_type("running") if e["details"].get("source") != "agent"]
-    running = {(e["details"]["restart_count"], e["rank"]): e["details"] for e in ranks_running}
+    running = {(e["details"]["restart_count"], e["rank"]): e["details"] for e in receiver.ranks_running()}
     assert {key: d["start_step"] for key, d in running.items()} == {(0, 0): 0, (0, 1): 0, (1, 0): 10, (1, 1): 10}
     assert {d["total_steps"] for d in running.values()} == {30}
     assert {(e["rank"], e["step"]) for e in receiver.of_type("checkpoint_loaded")} == {(0, 10), (1, 10)}

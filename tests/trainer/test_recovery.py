@@ -81,14 +81,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     return flat_state(final.path, work)
 
 
-def sdk_running(receiver: Receiver) -> list[dict]:
-    """The ranks' own `running` events (not the node agent's, said for every round once its ranks are up)."""
-    return [e for e in receiver.of_type("running") if e["details"].get("source") != "agent"]
-
-
 def running_by(receiver: Receiver) -> dict[tuple[int, int, int], dict]:
     """The ranks' running events keyed by (restart_count, iteration, rank)."""
-    return {(e["details"]["restart_count"], e["details"]["iteration"], e["rank"]): e for e in sdk_running(receiver)}
+    return {(e["details"]["restart_count"], e["details"]["iteration"], e["rank"]): e for e in receiver.ranks_running()}
 
 
 def test_exceptions_from_the_spec_and_the_control_plane_are_recovered_in_process(
@@ -272,7 +267,7 @@ def test_torn_checkpoint_is_never_loaded(
     second = launch(launcher_command(TRAINER_ARGS, max_restarts=0), trainer_env(receiver, ckpt), name="second")
     assert second.wait(JOB_TIMEOUT_S) == 0, second.tail()
     assert [e["step"] for e in receiver.of_type("checkpoint_loaded")] == [15]
-    assert {e["details"]["start_step"] for e in sdk_running(receiver)} == {0, 15}
+    assert {e["details"]["start_step"] for e in receiver.ranks_running()} == {0, 15}
 
     # The torn directories were discarded and step 20/25 written again, complete.
     final = latest_complete(root)

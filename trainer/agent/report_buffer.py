@@ -6,8 +6,18 @@ each rank's process, GPU health), the newest heartbeat of every rank that sent o
 events queued since the last report:
 
 - events are kept, in order, until the control plane accepts them; each carries an idempotency
-  key made once, so a report resent after a lost reply stores it once. A new event is sent at
-  once rather than at the next interval;
+  key made once, so a report resent after a lost reply stores it once. A new event is sent
+  rather than kept for the next interval: at once where nodes report every second, within a
+  random part of `event_spread_s` where the job's size made the interval longer (every node of a
+  16,384-node job has a `running` to send at a restart: at once, that is 16,384 reports in the same
+  second, against a control plane sized for the interval's 546 a second);
+- the node's ranks' `running` of one run (a start or a restart) is one event: a rank's `running` that
+  finds another rank's of the same run still waiting is folded into it (`details.ranks` lists them,
+  its time is the latest rank's, its step the lowest; `details.processes` keeps each rank's pid), so
+  a restart of a 131,072-rank job is 16,384 events, not 131,072. A folded rank's `running` goes where
+  its run's first one waits (before that rank's own events queued since: their times say their order).
+  An event once taken for a report is never changed: a rank's `running` after that is an event of its
+  own;
 - heartbeats and the node's liveness are soft state: only the newest per rank (and the newest
   liveness) is kept, so an outage costs memory for one heartbeat per rank;
 - the agent hands over the node's liveness once an interval, and it is sent at once, with every
@@ -15,8 +25,10 @@ events queued since the last report:
   own, the two would drift into phase, and a liveness handed over just after a report would wait
   a whole interval, to be replaced by the next one before it went. Heartbeats alone (a sender
   given no liveness) go two intervals after the last report;
-- 408/425/429/5xx and connection errors are retried with exponential backoff and jitter
-  (capped), honouring Retry-After; after a 503 that says the liveness was taken (a busy server
+- 408/425/429/5xx and connection errors are retried with exponential backoff and jitter,
+  capped at the larger of `backoff_cap_s` and the interval (a job's size lengthens its interval
+  so that its nodes stay within a report budget; a retry must not break it), honouring
+  Retry-After; after a 503 that says the liveness was taken (a busy server
   shed the report's events) only the events go again; other 4xx drop what was sent: resending
   would never succeed.
 """
@@ -34,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from ftplane.contract import MAX_EVENTS_PER_REPORT, MAX_HEARTBEATS_PER_REPORT
+from ftplane.contract import MAX_EVENTS_PER_REPORT, MAX_HEARTBEATS_PER_REPORT, EventType
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 MAX_RETRY_AFTER_S = 60.0
@@ -123,6 +135,41 @@ def outcome_of(response: httpx.Response, path: str) -> Outcome:
     return outcome
 
 
+def run_of(event: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Which run a rank's `running` announces (None for any other event, and for the agent's own): the ranks' of one
+    run fold into one event."""
+    if event.get("type") != EventType.running or event.get("rank") is None or not event.get("ts"):
+        return None
+    details = event.get("details") or {}
+    return (event.get("attempt"), details.get("restart_count"), details.get("iteration"), details.get("source"))
+
+
+# What a rank's `running` says of its own process: kept per rank when ranks' events fold (`details.processes`).
+PROCESS_FIELDS = ("pid", "local_rank")
+
+
+def fold_running(into: dict[str, Any], event: dict[str, Any]) -> None:
+    """`event`, another rank's `running` of the same run, folded into `into` (still waiting to be sent)."""
+    details = into.setdefault("details", {})
+    if "ranks" not in details:
+        details["ranks"] = [into["rank"]]
+        if any(field in details for field in PROCESS_FIELDS):
+            details["processes"] = [_process(into["rank"], details)]
+    details["ranks"].append(event["rank"])
+    details["ranks"].sort()
+    if "processes" in details:
+        details["processes"].append(_process(event["rank"], event.get("details") or {}))
+        details["processes"].sort(key=lambda p: p["rank"])
+    if datetime.fromisoformat(event["ts"]) > datetime.fromisoformat(into["ts"]):
+        into["ts"] = event["ts"]
+    if event.get("step") is not None:
+        into["step"] = event["step"] if into.get("step") is None else min(into["step"], event["step"])
+
+
+def _process(rank: int, details: dict[str, Any]) -> dict[str, Any]:
+    return {"rank": rank, **{field: details.get(field) for field in PROCESS_FIELDS}}
+
+
 def fill_event(event: dict[str, Any], node: str, attempt: int) -> None:
     """An event a rank made keeps its key, time and rank; the node and attempt are filled in."""
     event.setdefault("node", node)
@@ -146,6 +193,9 @@ class ReportBuffer:
     failures: int = 0  # consecutive failed reports: drives the backoff
     retry_at: float = 0.0  # monotonic time before which nothing is sent
     next_report_at: float = 0.0
+    events_due_at: float = 0.0  # monotonic time the events waiting go (spread: `event_spread_s`)
+    # each run's `running` still waiting (not yet taken for a report), that its other ranks' fold into
+    foldable: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     dropped_events: int = 0
     sent_events: int = 0
     sent_heartbeats: int = 0
@@ -153,12 +203,31 @@ class ReportBuffer:
 
     # ---- what the node adds ----
 
-    def add_event(self, event: dict[str, Any]) -> bool:
+    def add_event(self, event: dict[str, Any], now: float | None = None) -> bool:
         if len(self.events) >= self.max_events:
             self.dropped_events += 1
             return False
+        run = run_of(event)
+        if run is not None and run in self.foldable:
+            fold_running(self.foldable[run], event)
+            return True
+        if not self.events:
+            self.events_due_at = (time.monotonic() if now is None else now) + random.uniform(0, self.event_spread_s)
         self.events.append(event)
+        if run is not None:
+            self.foldable[run] = event
         return True
+
+    @property
+    def event_spread_s(self) -> float:
+        """How long a new event may wait so that a whole job's nodes do not report it in the same second: none at
+        the 1 s interval of jobs up to 256 nodes, half of the interval less that second past it (14.5 s at the
+        30 s of a 16,384-node job: its 16,384 reports of a restart come at about 1,100 a second)."""
+        return max(self.interval_s - 1.0, 0.0) / 2
+
+    @property
+    def backoff_ceiling_s(self) -> float:
+        return max(self.backoff_cap_s, self.interval_s)
 
     def add_heartbeat(self, beat: dict[str, Any]) -> None:
         self.heartbeats[int(beat["rank"])] = beat
@@ -173,15 +242,19 @@ class ReportBuffer:
         """Seconds until a report should be sent (0: now); None when there is nothing to send."""
         if now < self.retry_at:  # a flush skips the wait once (it clears retry_at), not after every failed try
             return self.retry_at - now
-        if self.events or self.liveness_changed:
+        if self.liveness_changed or flushing and (self.events or self.heartbeats):
             return 0.0
+        waits = [self.events_due_at - now] if self.events else []
         if self.heartbeats:
-            return 0.0 if flushing else max(self.next_report_at - now, 0.0)
-        return None
+            waits.append(self.next_report_at - now)
+        return max(min(waits), 0.0) if waits else None
 
     def take(self, now: float) -> Report:
         """The next report: the oldest events (they stay queued until accepted), every newest heartbeat."""
         events = [self.events[i] for i in range(min(len(self.events), MAX_EVENTS_PER_REPORT))]
+        if self.foldable:
+            taken = {id(e) for e in events}
+            self.foldable = {run: e for run, e in self.foldable.items() if id(e) not in taken}
         beats = list(self.heartbeats.values())[:MAX_HEARTBEATS_PER_REPORT]
         for beat in beats:
             del self.heartbeats[int(beat["rank"])]
@@ -194,7 +267,7 @@ class ReportBuffer:
         if outcome.retry:
             self.failures += 1
             # the exponent is bounded: 2 ** 1024 is past a float, and a long outage must not kill the sender
-            ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2 ** min(self.failures - 1, 64))
+            ceiling = min(self.backoff_ceiling_s, self.backoff_base_s * 2 ** min(self.failures - 1, 64))
             delay = ceiling / 2 + random.uniform(0, ceiling / 2)
             if outcome.retry_after is not None:
                 delay = max(delay, outcome.retry_after)
