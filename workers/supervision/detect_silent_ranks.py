@@ -169,9 +169,9 @@ def hangs(ranks: Sequence[QuietRank]) -> list[list[QuietRank]]:
     """The hangs to record for these silent ranks: one per node (a job-wide hang of 131,072 ranks is 16,384 events,
     not 131,072), a rank without a node on its own; each led by its longest-silent rank, whose key it takes, so a
     node's later-silent ranks found on a later pass add nothing to the hang already recorded."""
-    by_node: dict[str, list[QuietRank]] = {}
+    by_node: dict[tuple[str | None, int | None], list[QuietRank]] = {}
     for rank in ranks:
-        by_node.setdefault(rank.node or f"rank {rank.rank}", []).append(rank)
+        by_node.setdefault((rank.node, None) if rank.node else (None, rank.rank), []).append(rank)
     return [sorted(group, key=lambda r: (r.last_seen, r.rank)) for group in by_node.values()]
 
 
