@@ -102,7 +102,7 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
         return total_steps is not None and rank.step >= total_steps
 
     def deadline(rank: QuietRank) -> datetime:
-        if restarted_deadline is not None and restarting_since is not None and restarting_since > rank.last_seen:
+        if restarted_deadline is not None and restarting(rank):
             return restarted_deadline
         return rank.last_seen + (initial_span if finishing(rank) else timeout_span)
 
