@@ -108,8 +108,10 @@ class Simulation:
         await self.fleet.start(0)  # the node agents start with their pods
         self.fleet.measure(True)
         self.window.begin()
-        end = self.launch + p.real(p.sim_hours * 3600)
         start = max(time.time(), pod + p.real(p.init_sim_s))  # processes start, NCCL initializes, the model is built
+        # The story lasts its simulated hours from the launch, of which the first start takes init_sim_s; a pod that
+        # came late (a busy machine) lengthens the start, not shortens the training: it still trains for the rest.
+        end = max(self.launch + p.real(p.sim_hours * 3600), start + p.real(p.sim_hours * 3600 - p.init_sim_s))
         await self.sleep_until(start)
         self.truth.add(self.launch, start, "initialization")
         try:
