@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
@@ -49,14 +50,40 @@ def _node_upsert(dialect: str) -> Any:
     )
 
 
+# PostgreSQL: the rows travel as one JSON array, as the ranks' do (api/models/liveness.py): one parse, no bound
+# parameter per value, no JSON document serialized per row for `ranks` and `gpus` (json, not jsonb: kept as sent).
+_UPSERT_NODES_POSTGRESQL = text(
+    """
+    INSERT INTO node_liveness (job_id, node, attempt, last_seen, launcher_alive, progress, healthy, unhealthy_reason,
+                               ranks, gpus)
+    SELECT u.job_id, u.node, u.attempt, u.last_seen, u.launcher_alive, u.progress, u.healthy, u.unhealthy_reason,
+           u.ranks, u.gpus
+    FROM json_to_recordset(CAST(:rows AS json))
+        AS u(job_id varchar, node varchar, attempt integer, last_seen timestamptz, launcher_alive boolean,
+             progress varchar, healthy boolean, unhealthy_reason text, ranks json, gpus json)
+    ORDER BY u.job_id, u.node
+    ON CONFLICT (job_id, node) DO UPDATE SET
+        attempt = excluded.attempt, last_seen = excluded.last_seen, launcher_alive = excluded.launcher_alive,
+        progress = excluded.progress, healthy = excluded.healthy, unhealthy_reason = excluded.unhealthy_reason,
+        ranks = excluded.ranks, gpus = excluded.gpus
+    WHERE node_liveness.attempt < excluded.attempt
+       OR (node_liveness.attempt = excluded.attempt AND node_liveness.last_seen <= excluded.last_seen)
+    """
+)
+
+
 def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
     """Upsert node rows, newest wins: a row of an older attempt, or received earlier, never overwrites a newer one
-    (the coalescing writer may write a node's row after a report of its that came later was stored)."""
-    if rows:
-        connection = session.connection()
-        # in key order, as every writer of these rows takes them: two writers never wait on each other in a circle
-        ordered = sorted(rows, key=lambda row: (row["job_id"], row["node"]))
-        connection.execute(_node_upsert(connection.dialect.name), ordered)
+    (the coalescing writer may write a node's row after a report of its that came later was stored). Rows are
+    taken in key order by every writer: two writers never wait on each other in a circle."""
+    if not rows:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        payload = [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
+        session.execute(_UPSERT_NODES_POSTGRESQL, {"rows": json.dumps(payload)})
+        return
+    ordered = sorted(rows, key=lambda row: (row["job_id"], row["node"]))
+    session.connection().execute(_node_upsert("sqlite"), ordered)
 
 
 def of_attempt(session: Session, job_id: str, attempt: int) -> list[NodeLiveness]:

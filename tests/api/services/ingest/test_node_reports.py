@@ -350,3 +350,22 @@ def test_a_nodes_older_liveness_written_late_never_overwrites_a_newer_one(admin:
     with session_scope() as session:
         (stored,) = session.query(NodeLiveness).filter_by(job_id=job_id).all()
         assert stored.last_seen == t0 + timedelta(seconds=2) and stored.healthy is False
+
+    # every column as the report said it, and a new attempt's row wins over a later-seen row of the old one
+    restarted = report("n1", ranks=(4, 5), attempt=1)
+    restarted["agent"].update(
+        progress="log",
+        healthy=False,
+        unhealthy_reason="GPU 1: Xid 79 — fallen off the bus",
+        launcher={"pid": 12, "alive": False},
+        gpus=[{"index": 1, "xid_errors": [79], "ecc_uncorrected": 2, "throttled": ["HW_SLOWDOWN"]}],
+    )
+    newest = nodes.node_row(job_id, NodeReport.model_validate(restarted), t0 + timedelta(seconds=1))
+    late_old = nodes.node_row(job_id, NodeReport.model_validate(report("n1")), t0 + timedelta(seconds=3))
+    for row in (newest, late_old):
+        with session_scope() as session:
+            nodes.write_nodes(session, [row])
+    with session_scope() as session:
+        (stored,) = session.query(NodeLiveness).filter_by(job_id=job_id).all()
+        columns = ("attempt", "last_seen", "launcher_alive", "progress", "healthy", "unhealthy_reason", "ranks", "gpus")
+        assert {c: getattr(stored, c) for c in columns} == {c: newest[c] for c in columns}
