@@ -19,6 +19,11 @@ from ftplane.client import ADMIN_TOKEN_FILE
 from ftplane.terminal import err, fail
 
 KEEP_ALIVE_S = 75  # longer than a node agent's keep-alive (60 s), so the agent, not the server, closes
+# Connections the kernel completes while the API's workers are busy elsewhere: every agent of a job connects at its
+# start and after a restart, 16,384 of them for a 131,072-GPU job. uvicorn's 2,048 overflowed in the scale story
+# (bench/RESULTS.md, scale, 2026-12-07): a dropped connect is retried by the kernel a second later, past the agents'
+# 2 s connect timeout. The kernel caps this at net.core.somaxconn (4,096 on current kernels; raise it for more).
+LISTEN_BACKLOG = 16_384
 
 
 class Part(StrEnum):
@@ -140,6 +145,7 @@ def serve(
             log_level=settings.log_level.lower(),
             # node agents report every 1-30 s on one kept connection; uvicorn's default closes it after 5 s idle
             timeout_keep_alive=KEEP_ALIVE_S,
+            backlog=LISTEN_BACKLOG,
             access_log=settings.access_log,
         )
     finally:

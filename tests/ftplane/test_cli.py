@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import select
+import socket
 import subprocess
 import sys
 import time
@@ -10,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from ftplane.devserver import ROOT
+from ftplane.serve import LISTEN_BACKLOG
 from tests.conftest import ftplane_server
 
 
@@ -40,6 +46,51 @@ def test_serve_serves_docs_and_saves_an_admin_token(served: dict[str, str]) -> N
     assert httpx.get(f"{served['FTPLANE_URL']}/docs").status_code == 200
     token_file = Path(served["WORKDIR"]) / ".ftplane" / "admin-token"
     assert token_file.stat().st_mode & 0o077 == 0
+
+
+def test_serve_completes_a_whole_jobs_connects_while_its_processes_are_stalled(served: dict[str, str]) -> None:
+    """Every agent of a job connects at its start and after a restart (16,384 of them at 131,072 GPUs), while the
+    API's workers may be busy: the kernel completes connects into the listen backlog until they accept. Here every
+    process of the server is stopped outright: the connects that complete are the backlog (uvicorn's default, 2,048,
+    overflowed in the scale story), up to the kernel's cap, net.core.somaxconn."""
+    port = served["FTPLANE_PORT"]
+    expected = min(LISTEN_BACKLOG, int(Path("/proc/sys/net/core/somaxconn").read_text())) + 1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, expected + 1024)), hard))
+    server = [p for p in psutil.process_iter() if p.pid != os.getpid() and _environ(p).get("FTPLANE_PORT") == port]
+    assert server, "no process of the server found"
+    sockets: dict[int, socket.socket] = {}
+    for process in server:
+        process.suspend()
+    try:
+        poller = select.poll()
+        for _ in range(expected + 256):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", int(port)))
+            sockets[sock.fileno()] = sock
+            poller.register(sock, select.POLLOUT)
+        completed: set[int] = set()
+        deadline = time.monotonic() + 10
+        while len(completed) < expected and time.monotonic() < deadline:
+            for fd, _ in poller.poll(100):  # writable: connected, or failed (then SO_ERROR says why)
+                poller.unregister(fd)
+                if not sockets[fd].getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    completed.add(fd)
+        assert len(completed) >= expected, f"{len(completed)} connects completed with the server stopped"
+    finally:
+        for process in server:
+            process.resume()
+        for sock in sockets.values():
+            sock.close()
+    assert httpx.get(f"{served['FTPLANE_URL']}/healthz").status_code == 200
+
+
+def _environ(process: psutil.Process) -> dict[str, str]:
+    try:
+        return process.environ()
+    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return {}
 
 
 def test_submit_get_describe_events_cancel(served: dict[str, str]) -> None:
