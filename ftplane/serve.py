@@ -20,9 +20,10 @@ from ftplane.terminal import err, fail
 
 KEEP_ALIVE_S = 75  # longer than a node agent's keep-alive (60 s), so the agent, not the server, closes
 # Connections the kernel completes while the API's workers are busy elsewhere: every agent of a job connects at its
-# start and after a restart, 16,384 of them for a 131,072-GPU job. uvicorn's 2,048 overflowed in the scale story
-# (bench/RESULTS.md, scale, 2026-12-07): a dropped connect is retried by the kernel a second later, past the agents'
-# 2 s connect timeout. The kernel caps this at net.core.somaxconn (4,096 on current kernels; raise it for more).
+# start and after a restart, 16,384 of them for a 131,072-GPU job. Past the backlog a connect is dropped and sent
+# again after 1 s, then 3 s: the second is past the agents' 2 s connect timeout. uvicorn's default is 2,048; the
+# kernel caps this at net.core.somaxconn (4,096 on current kernels). The 131,072-rank scale story on two cores
+# overflowed it still (bench/RESULTS.md, scale, 2026-12-07).
 LISTEN_BACKLOG = 16_384
 
 
