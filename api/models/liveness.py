@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
@@ -12,7 +11,7 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from api.database.tables import RankLiveness
-from api.models.upsert import newest_wins, upsert
+from api.models.upsert import newest_wins, upsert, write_liveness
 from api.schemas.events import HeartbeatIn, utcnow
 
 
@@ -58,7 +57,7 @@ def _rank_upsert(dialect: str) -> Any:
     )
 
 
-# PostgreSQL: the rows travel as one JSON array, whatever their number (one parse, no bound parameter per value).
+# PostgreSQL (upsert.write_liveness): the rows travel as one JSON array, whatever their number.
 _UPSERT_RANKS_POSTGRESQL = text(
     """
     INSERT INTO rank_liveness (job_id, rank, attempt, node, step, last_seen, throughput, loss, step_time_s,
@@ -81,13 +80,7 @@ _UPSERT_RANKS_POSTGRESQL = text(
 
 def write_ranks(session: Session, rows: list[dict[str, Any]]) -> None:
     """Upsert rank rows (newest heartbeat wins, also against rows other processes wrote)."""
-    if not rows:
-        return
-    if session.get_bind().dialect.name == "postgresql":
-        payload = [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
-        session.execute(_UPSERT_RANKS_POSTGRESQL, {"rows": json.dumps(payload)})
-        return
-    session.connection().execute(_rank_upsert("sqlite"), rows)
+    write_liveness(session, rows, _UPSERT_RANKS_POSTGRESQL, _rank_upsert("sqlite"))
 
 
 def ranks(session: Session, job_id: str) -> list[RankLiveness]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -11,7 +10,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
-from api.models.upsert import newest_wins, upsert
+from api.models.upsert import newest_wins, upsert, write_liveness
 from api.schemas.events import utcnow
 from api.schemas.reports import NodeReport
 
@@ -50,8 +49,8 @@ def _node_upsert(dialect: str) -> Any:
     )
 
 
-# PostgreSQL: the rows travel as one JSON array, as the ranks' do (api/models/liveness.py): one parse, no bound
-# parameter per value, no JSON document serialized per row for `ranks` and `gpus` (json, not jsonb: kept as sent).
+# PostgreSQL (upsert.write_liveness): no JSON document serialized per row for `ranks` and `gpus` (json, not jsonb:
+# kept as sent).
 _UPSERT_NODES_POSTGRESQL = text(
     """
     INSERT INTO node_liveness (job_id, node, attempt, last_seen, launcher_alive, progress, healthy, unhealthy_reason,
@@ -74,16 +73,9 @@ _UPSERT_NODES_POSTGRESQL = text(
 
 def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
     """Upsert node rows, newest wins: a row of an older attempt, or received earlier, never overwrites a newer one
-    (the coalescing writer may write a node's row after a report of its that came later was stored). Rows are
-    taken in key order by every writer: two writers never wait on each other in a circle."""
-    if not rows:
-        return
-    if session.get_bind().dialect.name == "postgresql":
-        payload = [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
-        session.execute(_UPSERT_NODES_POSTGRESQL, {"rows": json.dumps(payload)})
-        return
-    ordered = sorted(rows, key=lambda row: (row["job_id"], row["node"]))
-    session.connection().execute(_node_upsert("sqlite"), ordered)
+    (the coalescing writer may write a node's row after a report of its that came later was stored). On PostgreSQL
+    the rows are taken in key order, as by every writer: two writers never wait on each other in a circle."""
+    write_liveness(session, rows, _UPSERT_NODES_POSTGRESQL, _node_upsert("sqlite"))
 
 
 def of_attempt(session: Session, job_id: str, attempt: int) -> list[NodeLiveness]:

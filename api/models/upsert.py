@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from sqlalchemy import TextClause
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -34,3 +36,15 @@ def upsert(dialect: str, table: Any, keys: list[str], columns: tuple[str, ...], 
 def newest_wins(old: Any, new: Any) -> Any:
     """The liveness rows' rule: a newer attempt wins, then within one attempt the later `last_seen`."""
     return (old.attempt < new.attempt) | ((old.attempt == new.attempt) & (old.last_seen <= new.last_seen))
+
+
+def write_liveness(session: Session, rows: list[dict[str, Any]], on_postgresql: TextClause, on_sqlite: Any) -> None:
+    """Upsert liveness rows. PostgreSQL: one statement whose rows travel as one JSON array (`:rows`, `last_seen` in
+    ISO 8601): one parse, no bound parameter per value, whatever their number. SQLite: an executemany."""
+    if not rows:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        payload = [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
+        session.execute(on_postgresql, {"rows": json.dumps(payload)})
+    else:
+        session.connection().execute(on_sqlite, rows)
