@@ -10,7 +10,10 @@ job's own trainer token. Modes, one after the other against the same server:
               heartbeats, no events), each from the next of the 2,048 nodes, fresh `ts` and `step`
   heartbeats  POST /v1/jobs/{id}/heartbeats with the same 8 heartbeats (the per-rank route, for reference)
   events      POST /v1/jobs/{id}/reports: the same report with its 8 ranks' `running` events (fresh keys),
-              what every node sends as a job starts or restarts: the event path, stored before the reply
+              the event path, stored before the reply (what a node sent as a job started or restarted
+              before its agent folded them)
+  running     the same report with its ranks' `running` folded into one event, as the node agent sends
+              them now (trainer/agent/report_buffer.py): a start's or a restart's burst, one report a node
 
 Figures per mode: requests/s and rank-beats/s accepted, p50/p99 request latency, CPU of the API
 and of PostgreSQL and the load generator in cores over the measured window only (the generator's
@@ -28,6 +31,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +51,7 @@ from bench.common import (
     table,
     uvicorn_api,
 )
+from ftplane.trainer.agent.report_buffer import fold_running
 
 NODES = 2048
 RANKS_PER_NODE = 8
@@ -66,6 +71,7 @@ MODES = {
     "report": Mode("report", "POST", RANKS_PER_NODE),
     "heartbeats": Mode("heartbeats", "POST", RANKS_PER_NODE),
     "events": Mode("events", "POST", RANKS_PER_NODE),
+    "running": Mode("running", "POST", RANKS_PER_NODE),
 }
 
 
@@ -107,8 +113,29 @@ def running_events(node: int) -> str:
     )
 
 
-def report_bodies(*, events: bool = False) -> list[bytes]:
-    """One node agent's report per node, as trainer/agent/uplink.py sends it (no events, or its ranks' `running`)."""
+def folded_running(node: int) -> str:
+    """The node's ranks' `running` folded into one event by the agent's own code, keyed afresh per request."""
+    ts = "2026-01-01T00:00:00+00:00"  # fold_running compares times; the template's @TS@ replaces it
+    first, *rest = (
+        {
+            "key": f"run:@KEY@:{r}",
+            "type": "running",
+            "ts": ts,
+            "rank": r,
+            "node": f"node-{node:04d}",
+            "step": 0,
+            "details": {"restart_count": 0, "iteration": 0, "start_step": 0, "world_size": NODES * RANKS_PER_NODE}
+            | {"pid": 1000 + r, "local_rank": r % RANKS_PER_NODE},
+        }
+        for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
+    )
+    for event in rest:
+        fold_running(first, event)
+    return json.dumps(first, separators=(",", ":")).replace(ts, "@TS@")
+
+
+def report_bodies(events: Callable[[int], str] | None = None) -> list[bytes]:
+    """One node agent's report per node, as trainer/agent/uplink.py sends it (no events, or `events(node)`)."""
     out = []
     for node in range(NODES):
         ranks = ",".join(
@@ -118,7 +145,7 @@ def report_bodies(*, events: bool = False) -> list[bytes]:
         agent = f'{{"pid":1,"launcher":{{"pid":2,"alive":true}},"ranks":[{ranks}],"progress":"sdk","interval_s":8.0}}'
         body = (
             f'{{"attempt":0,"node":"node-{node:04d}","agent":{agent},"heartbeats":[{beats(node)}],'
-            f'"events":[{running_events(node) if events else ""}]}}'
+            f'"events":[{events(node) if events else ""}]}}'
         )
         out.append(body.encode())
     return out
@@ -161,7 +188,8 @@ def run_database(kind: str, args: argparse.Namespace) -> list[Outcome]:
                     "healthz": ("/healthz", [b""]),
                     "report": (f"/v1/jobs/{job_id}/reports", report_bodies()),
                     "heartbeats": (f"/v1/jobs/{job_id}/heartbeats", heartbeat_bodies()),
-                    "events": (f"/v1/jobs/{job_id}/reports", report_bodies(events=True)),
+                    "events": (f"/v1/jobs/{job_id}/reports", report_bodies(running_events)),
+                    "running": (f"/v1/jobs/{job_id}/reports", report_bodies(folded_running)),
                 }
                 for name in args.modes.split(","):
                     mode = MODES[name]

@@ -34,11 +34,13 @@ def test_ingest_smoke(tmp_path: Path) -> None:
 
     out = tmp_path / "ingest.json"
     argv = ["--duration", "1", "--warmup", "0.2", "--workers", "1", "--concurrency", "2"]
+    argv += ["--modes", "healthz,report,heartbeats,running"]
     argv += ["--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL"), "--json", str(out)]
     assert ingest.main(argv) == 0
     figures = json.loads(out.read_text())
     modes = [(f["database"], f["mode"]) for f in figures]
-    assert modes == [(db, m) for db in ("postgresql", "sqlite") for m in ("healthz", "report", "heartbeats")]
+    expected = ("healthz", "report", "heartbeats", "running")
+    assert modes == [(db, m) for db in ("postgresql", "sqlite") for m in expected]
     assert all(f["requests_per_s"] > 0 and f["errors"] == 0 for f in figures)
 
 
