@@ -124,8 +124,14 @@ def folded_running(node: int) -> str:
             "rank": r,
             "node": f"node-{node:04d}",
             "step": 0,
-            "details": {"restart_count": 0, "iteration": 0, "start_step": 0, "world_size": NODES * RANKS_PER_NODE}
-            | {"pid": 1000 + r, "local_rank": r % RANKS_PER_NODE},
+            "details": {
+                "restart_count": 0,
+                "iteration": 0,
+                "start_step": 0,
+                "world_size": NODES * RANKS_PER_NODE,
+                "pid": 1000 + r,
+                "local_rank": r % RANKS_PER_NODE,
+            },
         }
         for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
     )
