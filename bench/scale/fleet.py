@@ -63,7 +63,7 @@ class SimNode:
             self.name,
             interval_s=p.report_interval_s,
             on_settled=self._settled,
-            transport=self.network,
+            client=self.network.client,
         )
         self.liveness = {
             "pid": 1000 + index,

@@ -40,11 +40,10 @@ import email.utils
 import json
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-
-import httpx
+from typing import Any, Protocol
 
 from ftplane.contract import MAX_EVENTS_PER_REPORT, MAX_HEARTBEATS_PER_REPORT, EventType
 
@@ -124,9 +123,21 @@ def liveness_taken(text: str) -> bool:
     return isinstance(error, dict) and error.get("liveness_taken") is True
 
 
-def outcome_of(response: httpx.Response, path: str) -> Outcome:
+class Reply(Protocol):
+    """What is read of a POST's response: an httpx.Response is one."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...  # looked up by lowercase name
+    def json(self) -> Any: ...
+
+
+def outcome_of(response: Reply, path: str) -> Outcome:
     """What a POST's (read) response means, with the reply's JSON when it was accepted."""
-    outcome = classify(response.status_code, response.text, response.headers.get("Retry-After"), path)
+    outcome = classify(response.status_code, response.text, response.headers.get("retry-after"), path)
     if outcome.ok:
         try:
             outcome.reply = response.json()

@@ -17,12 +17,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from ftplane.contract import EventType, new_event
-from ftplane.trainer.agent.report_buffer import Outcome, Report, ReportBuffer, fill_event, outcome_of
+from ftplane.trainer.agent.report_buffer import Outcome, Reply, Report, ReportBuffer, fill_event, outcome_of
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,13 @@ def client_options(url: str, token: str | None, request_timeout_s: float) -> dic
     timeout = httpx.Timeout(request_timeout_s, connect=min(2.0, request_timeout_s))
     limits = httpx.Limits(max_connections=4, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_S)
     return {"base_url": url.rstrip("/"), "headers": headers, "timeout": timeout, "limits": limits}
+
+
+class ReportClient(Protocol):
+    """What AsyncUplink sends its reports with: an httpx.AsyncClient made from `client_options` unless told."""
+
+    async def post(self, url: str, *, json: Any) -> Reply: ...
+    async def aclose(self) -> None: ...
 
 
 class NodeEvents:
@@ -242,6 +249,9 @@ class AsyncUplink(NodeEvents):
 
     Call `start()` inside the running loop; the node's side (`event`, `heartbeat`, `liveness`) never awaits.
     `on_settled(report, outcome, seconds)` sees each POST's outcome and duration once the buffer has settled it.
+    `client`, given `client_options`' options (URL, headers, timeouts), makes what sends the reports instead of
+    httpx.AsyncClient (with `transport` under it): the scale benchmark's nodes share one process, and httpx's own
+    client costs most of their CPU.
     """
 
     def __init__(
@@ -260,6 +270,7 @@ class AsyncUplink(NodeEvents):
         on_faults: Callable[[list[dict[str, Any]]], None] | None = None,
         on_settled: Callable[[Report, Outcome, float], None] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        client: Callable[[dict[str, Any]], ReportClient] | None = None,
     ) -> None:
         if not job_id:
             raise ValueError("a job id is required")
@@ -272,7 +283,10 @@ class AsyncUplink(NodeEvents):
             interval_s=interval_s, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, max_events=max_events
         )
         self.path = f"/v1/jobs/{job_id}/reports"
-        self._client = httpx.AsyncClient(**client_options(url, token, request_timeout_s), transport=transport)
+        options = client_options(url, token, request_timeout_s)
+        self._client: ReportClient = (
+            client(options) if client is not None else httpx.AsyncClient(**options, transport=transport)
+        )
         self._wake = asyncio.Event()  # something was added, or a flush began
         self._settled = asyncio.Event()  # a POST was settled
         self._in_flight = False
