@@ -248,8 +248,9 @@ def _busy_seconds() -> float:
 @dataclass
 class Load:
     """Closed loop: `concurrency` connections, each posting back to back, until `duration_s` or
-    `max_requests`. Body i is `template` with b"@STEP@" and b"@TS@" filled in (fresh per request), and
-    b"@KEY@" with a fresh unique id."""
+    `max_requests`; with `rate_per_s`, request i goes no earlier than i / rate_per_s after the start (paced: at
+    that rate while the connections keep up). Body i is `template` with b"@STEP@" and b"@TS@" filled in (fresh
+    per request), and b"@KEY@" with a fresh unique id."""
 
     url: str
     path: str
@@ -260,6 +261,7 @@ class Load:
     max_requests: int
     warmup_s: float = 1.0
     method: str = "POST"  # GET sends no body
+    rate_per_s: float = 0.0  # 0: back to back
 
 
 @dataclass
@@ -357,6 +359,11 @@ async def _drive(load: Load, report: Callable[[Any], None]) -> LoadResult:
             while time.monotonic() < deadline and counter < load.max_requests:
                 i = counter
                 counter += 1
+                if load.rate_per_s:
+                    due = started + i / load.rate_per_s
+                    if due >= deadline:
+                        return
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
                 try:
                     ms, status = await one(i)
                 except aiohttp.ClientError:

@@ -82,9 +82,14 @@ class ControlPlane:
         groups["postgres"] = lambda: postgres_processes(self.database)
         return CpuMeter({**groups, **(extra or {})})
 
-    def healthz_baseline(self, seconds: float, connections: int = 16) -> tuple[LoadResult, dict[str, float]]:
-        """GET /healthz closed-loop on the same API, metered as the run is: the same-run baseline."""
-        load = Load(self.url, "/healthz", self.admin, [b""], connections, seconds, 10**9, warmup_s=1.0, method="GET")
+    def healthz_baseline(
+        self, seconds: float, connections: int = 16, rate_per_s: float = 0.0
+    ) -> tuple[LoadResult, dict[str, float]]:
+        """GET /healthz on the same API, metered as the run is: the same-run baseline, back to back (0) or paced at
+        `rate_per_s`."""
+        load = Load(
+            self.url, "/healthz", self.admin, [b""], connections, seconds, 10**9, 1.0, "GET", rate_per_s=rate_per_s
+        )
         return run_load(load, self.meter())
 
     def duty_durations(self) -> dict[str, list[tuple[datetime, float]]]:

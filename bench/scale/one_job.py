@@ -111,10 +111,16 @@ def ingest_figures(fleet: Fleet, window: Window, baseline: dict[str, Any], nodes
         "beat_age_p99_ms": percentile(tally.beat_age_s, 99) * 1000,
         "timer_lag_p99_ms": percentile(tally.lag_s, 99) * 1000,
         "api_us_per_report": api_us,
-        "api_cost_vs_healthz": api_us / baseline["api_us_per_request"] if baseline.get("api_us_per_request") else None,
+        "api_cost_vs_healthz": cost_ratio(api_us, baseline),
+        "api_cost_vs_paced_healthz": cost_ratio(api_us, baseline.get("paced", {})),
         "simulator_cores": window.simulator_cpu,
         "simulator_us_per_post": window.simulator_cpu * elapsed / max(tally.posts, 1) * 1e6,
     }
+
+
+def cost_ratio(api_us: float, baseline: dict[str, Any]) -> float | None:
+    """The API's CPU per report over its CPU per GET /healthz in `baseline` (None without one)."""
+    return api_us / baseline["api_us_per_request"] if baseline.get("api_us_per_request") else None
 
 
 def baseline_figures(result: LoadResult, cpu: dict[str, float]) -> dict[str, Any]:
