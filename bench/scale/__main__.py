@@ -76,6 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=d.simulator_processes,
         help="more than 1: each job's simulated nodes dealt over that many processes (bench/scale/shards.py)",
     )
+    parser.add_argument(
+        "--control-plane-nice",
+        type=int,
+        default=d.control_plane_nice,
+        help="the niceness of ftplane serve's processes (the simulator and PostgreSQL keep the default; 0: equal)",
+    )
     parser.add_argument("--baseline", type=float, default=5.0, help="seconds of GET /healthz before the run")
     parser.add_argument("--database-url")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
@@ -105,6 +111,7 @@ def params(args: argparse.Namespace) -> Params:
         transport=args.transport,
         start_events=not args.no_start_events,
         simulator_processes=args.simulator_processes,
+        control_plane_nice=args.control_plane_nice,
     )
 
 
@@ -126,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{p.jobs} job(s) of {p.nodes} nodes x {p.gpus_per_node} GPUs = {p.ranks} ranks; every node reports every "
         f"{p.report_interval_s:g} s (the product's default for {p.nodes} nodes unless set); heartbeat timeout "
-        f"{p.heartbeat_timeout_s:g} s; supervision every {p.supervise_interval_s:g} s",
+        f"{p.heartbeat_timeout_s:g} s; supervision every {p.supervise_interval_s:g} s; the control plane at niceness "
+        f"{p.control_plane_nice} (the simulator and PostgreSQL at the default)",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="ftplane-scale-") as tmp:
@@ -141,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             run = run_jobs if steady else run_one_job
             with quiet_uplinks():
                 figures = run_loop(run(p, cp, workdir, baseline))
+            figures["niceness"] = cp.niceness()
     figures["cores"] = os.cpu_count()
     figures["commit"] = commit()
     print()

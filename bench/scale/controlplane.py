@@ -1,7 +1,11 @@
 """The control plane under test, started as an operator would: `ftplane serve --only api|worker|beat` on a fresh
 PostgreSQL database with Redis as the broker (a queue name of its own: the Redis may be shared), supervising every
-`supervise_interval_s`. Also: the CPU groups to meter, the same-run baseline (GET /healthz on the same API), and each
-supervision duty's task durations as the Celery worker logs them."""
+`supervise_interval_s`, at a lower CPU priority than the simulated nodes (`control_plane_nice`): on the real cluster
+every agent has its host to itself, while here the simulator shares two cores with the control plane, and a simulator
+starved of CPU runs its event loop late, so that the agents' own connect and read timeouts expire on its side and the
+retries they send are the simulator's making, not the control plane's. PostgreSQL (a managed database on its own host
+in the EKS deployment) keeps the machine's default priority too. Also: the CPU groups to meter, the same-run baseline
+(GET /healthz on the same API), and each supervision duty's task durations as the Celery worker logs them."""
 
 from __future__ import annotations
 
@@ -60,6 +64,10 @@ class ControlPlane:
             return processes
         pods = {p.pid for p in self.pods()}
         return [p for p in processes if p.pid not in pods]
+
+    def niceness(self) -> dict[str, int]:
+        """Each part's CPU niceness, as the kernel has it."""
+        return {part: psutil.Process(process.pid).nice() for part, process in self.parts.items()}
 
     def pods(self) -> list[psutil.Process]:
         """What the local backend launched: its runners, the real node agents, ft_launcher and the waiting ranks."""
@@ -164,7 +172,8 @@ def control_plane(p: Params, workdir: Path, database_url: str | None, redis_url:
         logs = {part: (workdir / f"{part}.log").open("wb") for part in ("api", "worker", "beat")}
         try:
             for part in ("api", "worker", "beat"):
-                command = [sys.executable, "-m", "ftplane.cli", "serve", "--only", part]
+                command = ["nice", "-n", str(p.control_plane_nice), sys.executable, "-m", "ftplane.cli", "serve"]
+                command += ["--only", part]
                 if part == "api":
                     command += ["--workers", str(p.api_workers)]
                 cwd = workdir if part == "beat" else ROOT  # beat keeps its schedule file in its directory

@@ -42,6 +42,9 @@ class Params:
     duration_s: float = 90.0  # the several-jobs scenario: measured seconds after its warm-up
     start_events: bool = True  # the several-jobs scenario: every rank's `running` at each job's start
     simulator_processes: int = 1  # more than 1: each job's nodes dealt over that many processes (shards.py)
+    # The control plane's processes run at this niceness (PostgreSQL and the simulator at the machine's default): real
+    # agents run on their own hosts, so on a machine they share, the simulated ones come first (controlplane.py).
+    control_plane_nice: int = 10
 
     def __post_init__(self) -> None:
         if not self.report_interval_s:
