@@ -8,9 +8,14 @@ events queued since the last report:
 - events are kept, in order, until the control plane accepts them; each carries an idempotency
   key made once, so a report resent after a lost reply stores it once. A new event is sent
   rather than kept for the next interval: at once where nodes report every second, within a
-  random part of `event_spread_s` where the job's size made the interval longer (every node of a
-  16,384-node job has a `running` to send at a restart: at once, that is 16,384 reports in the same
-  second, against a control plane sized for the interval's 546 a second);
+  random part of `event_spread_s` where the job's size made the interval longer. Except the kinds
+  every node of a job sends at once (`WITH_THE_LIVENESS`: its ranks' `running` at a start or a
+  restart, its launcher's `injob_restart`): past the 1 s interval they go with the node's next
+  liveness (`LIVENESS_WAIT_INTERVALS` intervals at most, for a sender given none). At a restart of a
+  16,384-node job that is no report more than the interval's 546 a second, where even spread over
+  half the interval they were 1,100 more a second, twice the control plane's budget (bench/RESULTS.md,
+  scale, 2026-12-07 morning); the nodes' reports being spread over the interval, the control plane
+  still hears of the restart from the first of them within milliseconds;
 - the node's ranks' `running` of one run (a start or a restart) is one event: a rank's `running` that
   finds another rank's of the same run still waiting is folded into it (`details.ranks` lists them,
   its time is the latest rank's, its step the lowest; `details.processes` keeps each rank's pid), so
@@ -49,6 +54,10 @@ from ftplane.contract import MAX_EVENTS_PER_REPORT, MAX_HEARTBEATS_PER_REPORT, E
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 MAX_RETRY_AFTER_S = 60.0
+# Events of the kinds every node of a job sends at once go with the node's next liveness (past the 1 s interval); a
+# sender that hands over none sends them after this many intervals.
+WITH_THE_LIVENESS = frozenset({EventType.running, EventType.injob_restart})
+LIVENESS_WAIT_INTERVALS = 1.5
 # Heartbeats wait for the liveness the agent hands over every interval; alone, they go this many intervals after the
 # last report (more than one, so that they never go just before the liveness and double the reports).
 HEARTBEATS_ALONE_AFTER_INTERVALS = 2
@@ -222,12 +231,18 @@ class ReportBuffer:
         if run is not None and run in self.foldable:
             fold_running(self.foldable[run], event)
             return True
-        if not self.events:
-            self.events_due_at = (time.monotonic() if now is None else now) + random.uniform(0, self.event_spread_s)
+        due = (time.monotonic() if now is None else now) + self.event_wait_s(event)
+        self.events_due_at = min(self.events_due_at, due) if self.events else due
         self.events.append(event)
         if run is not None:
             self.foldable[run] = event
         return True
+
+    def event_wait_s(self, event: dict[str, Any]) -> float:
+        """How long a new event may wait for a report (the module's rule)."""
+        if event.get("type") in WITH_THE_LIVENESS and self.interval_s > 1.0:
+            return LIVENESS_WAIT_INTERVALS * self.interval_s
+        return random.uniform(0, self.event_spread_s)
 
     @property
     def event_spread_s(self) -> float:

@@ -38,19 +38,19 @@ def test_a_large_jobs_nodes_retry_no_faster_than_they_report() -> None:
 
 
 def test_a_large_jobs_nodes_spread_their_events_over_part_of_the_interval() -> None:
-    """Every node of a job has an event at a restart: where the interval is 1 s it goes at once; where the job's size
-    made the interval 30 s, within 14.5 s, so the job's nodes do not all report in the same second. A flush, the
-    liveness or heartbeats due sooner take the events with them."""
+    """An event of one node (a rank's failure, a checkpoint): where the interval is 1 s it goes at once; where the
+    job's size made the interval 30 s, within 14.5 s, so that the job's nodes do not all report in the same second.
+    A flush, the liveness or heartbeats due sooner take the events with them."""
     random.seed(2026)
     small = ReportBuffer(interval_s=1.0)
-    small.add_event({"key": "k", "type": "running"}, now=100.0)
+    small.add_event({"key": "k", "type": "rank_failed"}, now=100.0)
     assert small.due_in(100.0) == 0.0
 
     waits = []
     for node in range(200):
         buffer = ReportBuffer(interval_s=30.0)
-        buffer.add_event({"key": f"k{node}", "type": "running"}, now=100.0)
-        buffer.add_event({"key": f"k{node}-2", "type": "running"}, now=103.0)  # rides with the first
+        buffer.add_event({"key": f"k{node}", "type": "rank_failed"}, now=100.0)
+        buffer.add_event({"key": f"k{node}-2", "type": "checkpoint_saved"}, now=103.0)  # goes no later
         wait = buffer.due_in(100.0)
         assert wait is not None and 0.0 <= wait <= 14.5
         assert buffer.due_in(100.0 + wait) == 0.0 and buffer.due_in(100.0, flushing=True) == 0.0
@@ -58,7 +58,7 @@ def test_a_large_jobs_nodes_spread_their_events_over_part_of_the_interval() -> N
     assert min(waits) < 2.0 and max(waits) > 12.5  # spread over the window, not bunched
 
     buffer = ReportBuffer(interval_s=30.0)
-    buffer.add_event({"key": "k", "type": "running"}, now=100.0)
+    buffer.add_event({"key": "k", "type": "rank_failed"}, now=100.0)
     buffer.events_due_at = 110.0
     buffer.add_heartbeat(BEAT)
     buffer.next_report_at = 100.5
@@ -67,6 +67,31 @@ def test_a_large_jobs_nodes_spread_their_events_over_part_of_the_interval() -> N
     assert buffer.due_in(100.0) == 0.0
     report = buffer.take(100.0)
     assert [e["key"] for e in report.events] == ["k"] and report.liveness == STATUS
+
+
+def test_what_every_node_sends_at_a_restart_goes_with_its_next_liveness() -> None:
+    """A restart's `running` and `injob_restart` come from every node of the job at once: past the 1 s interval they
+    wait for the node's next liveness (no report of their own), 45 s at most at the 30 s interval for a sender that
+    hands over none; an event of the node's own that comes meanwhile takes them along sooner."""
+    small = ReportBuffer(interval_s=1.0)
+    small.add_event({"key": "r", "type": "running", "rank": 0}, now=100.0)
+    assert small.due_in(100.0) == 0.0
+
+    buffer = ReportBuffer(interval_s=30.0)
+    buffer.add_event({"key": "restart", "type": "injob_restart", "rank": None}, now=100.0)
+    buffer.add_event({"key": "r", "type": "running", "rank": 0, "ts": "2026-01-01T00:00:00+00:00"}, now=100.0)
+    assert buffer.due_in(100.0) == 45.0 and buffer.due_in(144.0) == 1.0
+    buffer.set_liveness(STATUS)  # the agent's next interval
+    report = buffer.take(112.0)
+    assert [e["key"] for e in report.events] == ["restart", "r"] and report.liveness == STATUS
+
+    random.seed(7)
+    buffer = ReportBuffer(interval_s=30.0)
+    buffer.add_event({"key": "r", "type": "running", "rank": 0}, now=100.0)
+    buffer.add_event({"key": "f", "type": "rank_failed", "rank": 1}, now=101.0)
+    wait = buffer.due_in(101.0)
+    assert wait is not None and wait <= 14.5  # the failure is not held back by the `running` before it
+    assert [e["key"] for e in buffer.take(101.0 + wait).events] == ["r", "f"]
 
 
 def test_a_nodes_ranks_running_of_one_run_is_one_event_and_a_sent_event_never_changes() -> None:
