@@ -14,8 +14,8 @@ events queued since the last report:
   liveness (`LIVENESS_WAIT_INTERVALS` intervals at most, for a sender given none). At a restart of a
   16,384-node job that is no report more than the interval's 546 a second, where even spread over
   half the interval they were 1,100 more a second, twice the control plane's budget (bench/RESULTS.md,
-  scale, 2026-12-07 morning); the nodes' reports being spread over the interval, the control plane
-  still hears of the restart from the first of them within milliseconds;
+  scale, 2026-12-07 morning); the nodes' reports being spread evenly over the interval, the first
+  of them comes about an interval ÷ nodes after the restart (2 ms at 16,384 nodes);
 - the node's ranks' `running` of one run (a start or a restart) is one event: a rank's `running` that
   finds another rank's of the same run still waiting is folded into it (`details.ranks` lists them,
   its time is the latest rank's, its step the lowest; `details.processes` keeps each rank's pid), so
@@ -246,9 +246,9 @@ class ReportBuffer:
 
     @property
     def event_spread_s(self) -> float:
-        """How long a new event may wait so that a whole job's nodes do not report it in the same second: none at
-        the 1 s interval of jobs up to 256 nodes, half of the interval less that second past it (14.5 s at the
-        30 s of a 16,384-node job: its 16,384 reports of a restart come at about 1,100 a second)."""
+        """How long a new event (not one of `WITH_THE_LIVENESS`) may wait so that nodes that have one at the same time
+        do not all report it in the same second: none at the 1 s interval of jobs up to 256 nodes, half of the
+        interval less that second past it (14.5 s at the 30 s of a 16,384-node job)."""
         return max(self.interval_s - 1.0, 0.0) / 2
 
     @property
