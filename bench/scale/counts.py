@@ -7,6 +7,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
+TIMELINE_S = 10  # the timeline's step (seconds of wall clock)
+
 
 @dataclass
 class Tally:
@@ -27,6 +29,8 @@ class Tally:
     beat_age_s: list[float] = field(default_factory=list)
     lag_s: list[float] = field(default_factory=list)  # how late the agents' interval timers fired
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    # every POST's outcome, measuring or not (the agents' last flush too), by (TIMELINE_S step of wall clock, what)
+    timeline: collections.Counter[tuple[int, str]] = field(default_factory=collections.Counter)
 
     def add(self, other: Tally) -> None:
         """Count `other`'s figures in too (another group's, or another job's)."""
@@ -36,6 +40,11 @@ class Tally:
         for name in ("post_s", "post_events_s", "beat_age_s", "lag_s"):
             getattr(self, name).extend(getattr(other, name))
         self.reasons.update(other.reasons)
+        self.timeline.update(other.timeline)
+
+    def settled(self, at: float, what: str) -> None:
+        """A POST settled at `at` (wall clock): `what` became of it."""
+        self.timeline[(int(at) // TIMELINE_S * TIMELINE_S, what)] += 1
 
 
 def keys_carried(event: dict[str, Any]) -> list[str]:

@@ -125,6 +125,8 @@ class SimNode:
             self._delivered(report.liveness, by_shed=True)
         elif not outcome.retry:
             ledger.refused.update(keys)
+        reason = outcome.reason.split(":")[0].split(" from ")[0][:40]  # "HTTP 503", "ReadTimeout", ...
+        tally.settled(time.time(), ("accepted" if outcome.ok else reason) + (" (events)" if keys else ""))
         if not tally.measuring:
             return
         tally.posts += 1
@@ -135,7 +137,7 @@ class SimNode:
         else:
             tally.retried += outcome.retry
             tally.refused += not outcome.retry
-            tally.reasons[outcome.reason.split(":")[0][:40]] += 1
+            tally.reasons[reason] += 1
 
     def _delivered(self, status: dict[str, Any] | None, by_shed: bool = False) -> None:
         if not any(handed is status for handed, _, _ in self.handed):

@@ -58,6 +58,7 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         "aborted": sim.aborted,
         "goodput": goodput_figures(sim, goodput, goodput_ms) if sim.aborted is None else None,
         "faults": [vars(f) | {"at_s": f.injected - sim.launch} for f in sim.faults],
+        "timeline": timeline_figures(sim.fleet, sim.launch),
     }
     return figures
 
@@ -121,6 +122,14 @@ def ingest_figures(fleet: Fleet, window: Window, baseline: dict[str, Any], nodes
 def cost_ratio(api_us: float, baseline: dict[str, Any]) -> float | None:
     """The API's CPU per report over its CPU per GET /healthz in `baseline` (None without one)."""
     return api_us / baseline["api_us_per_request"] if baseline.get("api_us_per_request") else None
+
+
+def timeline_figures(fleet: Fleet, launch: float) -> list[dict[str, Any]]:
+    """What became of the agents' POSTs, step by step from the launch: [{"at_s": s, what: count, ...}]."""
+    steps: dict[int, dict[str, Any]] = {}
+    for (at, what), count in sorted(fleet.tally.timeline.items()):
+        steps.setdefault(at, {"at_s": at - int(launch)})[what] = count
+    return list(steps.values())
 
 
 def baseline_figures(result: LoadResult, cpu: dict[str, float]) -> dict[str, Any]:

@@ -129,6 +129,13 @@ def goals(ingest: dict[str, Any], cpu: dict[str, float], lost: int) -> list[str]
     ]
 
 
+def timeline_table(steps: list[dict[str, Any]]) -> str:
+    """The agents' POSTs by step of the timeline (from the launch), where any carried events or failed."""
+    kinds = sorted({k for step in steps for k in step if k != "at_s"}, key=lambda k: (k != "accepted", k))
+    rows = [[step["at_s"], *(step.get(k, 0) for k in kinds)] for step in steps if set(step) - {"at_s", "accepted"}]
+    return table(["s from the launch", *kinds], rows)
+
+
 def one_job_report(f: dict[str, Any]) -> str:
     lines = [f"job {f['job']['status']}, {f['job']['attempts']} attempt(s)", ""]
     lines += ["baseline (same API, before the job):", baseline_table(f["baseline"]), ""]
@@ -163,6 +170,9 @@ def one_job_report(f: dict[str, Any]) -> str:
     )
     if ev.get("missing_by_kind"):
         lines.append("  missing by kind: " + ", ".join(f"{k} {n:,}" for k, n in ev["missing_by_kind"].items()))
+    if f.get("timeline"):
+        lines += ["", "the agents' POSTs by 10 s from the launch, where any carried events or failed:"]
+        lines.append(timeline_table(f["timeline"]))
     g = f["goodput"]
     if g is None:
         lines += ["", f"the story stopped early ({f['aborted']}): no goodput comparison", "", "goals:"]

@@ -78,6 +78,8 @@ def test_scale_smoke(tmp_path: Path) -> None:
     assert f["ingest"]["node_beats_offered"] > 0 and f["ingest"]["accepted"] > 0 and f["duties"]["duties"]
     assert f["faults"][0]["kind"] == "silent_node" and f["detection"]["silent_nodes"][0]["escalated_s"] is not None
     assert f["niceness"] == {"api": 10, "worker": 10, "beat": 10}  # the simulated nodes' CPU comes first
+    accepted = sum(n for step in f["timeline"] for what, n in step.items() if what.startswith("accepted"))
+    assert accepted >= f["ingest"]["accepted"]  # the timeline counts every POST, the window's and the last flush's
     paced = f["baseline"]["paced"]  # GET /healthz at the run's report rate: 32 nodes, a report a second each
     assert 16 <= paced["requests_per_s"] <= 40 and f["ingest"]["api_cost_vs_paced_healthz"] > 0
     g = f["goodput"]
