@@ -32,19 +32,8 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import make_url
 
-from bench.common import (
-    CpuMeter,
-    Load,
-    LoadResult,
-    create_admin_token,
-    database_of_kind,
-    load_line,
-    machine,
-    postgres_processes,
-    run_load,
-    table,
-    uvicorn_api,
-)
+from bench.common import CpuMeter, create_admin_token, database_of_kind, machine, postgres_processes, table, uvicorn_api
+from bench.load import Load, LoadResult, load_line, run_load
 from tests.support.oidc_issuer import OidcIssuer
 
 AUDIENCE = "ftplane-bench"

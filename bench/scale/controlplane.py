@@ -25,18 +25,8 @@ from pathlib import Path
 import psutil
 from sqlalchemy.engine import make_url
 
-from bench.common import (
-    ROOT,
-    CpuMeter,
-    Load,
-    LoadResult,
-    create_admin_token,
-    free_port,
-    fresh_database,
-    postgres_processes,
-    run_load,
-    server_env,
-)
+from bench.common import ROOT, CpuMeter, create_admin_token, free_port, fresh_database, postgres_processes, server_env
+from bench.load import Load, LoadResult, run_load
 from bench.scale.params import Params
 from bench.scale.truth import launched_command
 from ftplane.devserver import cancel_running_jobs, wait_until_ready
@@ -96,7 +86,7 @@ class ControlPlane:
         """GET /healthz on the same API, metered as the run is: the same-run baseline, back to back (0) or paced at
         `rate_per_s`."""
         load = Load(
-            self.url, "/healthz", self.admin, [b""], connections, seconds, 10**9, 1.0, "GET", rate_per_s=rate_per_s
+            self.url, "/healthz", self.admin, [b""], connections, seconds, 10**9, method="GET", rate_per_s=rate_per_s
         )
         return run_load(load, self.meter())
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import httpx
 
-from bench.common import LoadResult, percentile
+from bench.common import percentile
+from bench.load import LoadResult
 from bench.scale.controlplane import ControlPlane, Window, job_spec
 from bench.scale.counts import keys_carried
 from bench.scale.fleet import Fleet
