@@ -36,11 +36,14 @@ def fleet(env: dict[str, str]) -> dict[str, Any]:
 
 def test_each_teams_fleet_figures_are_its_jobs_own_goodput(served: tuple[Client, dict[str, str]]) -> None:
     api, env = served
-    crashy = api.submit(spec(api, "fleet-a", 16, labels={"team": "a"}))
-    lossy = api.submit(spec(api, "fleet-b", 12, labels={"team": "b"}, resiliency={"max_job_restarts": 1}))
-    wait("training", lambda: step(api, crashy["id"]) >= 5 and step(api, lossy["id"]) >= 5)
-    api.inject(crashy["id"], {"kind": "crash", "rank": 1, "now": True})
-    api.inject(lossy["id"], {"kind": "node_loss", "rank": 0, "now": True})
+    # A fault `now` reaches a node with the reply to its next report: up to a report interval (1 s) after the step
+    # the control plane last heard of, itself up to an interval old. Each job gets it at step 3 of its own and has
+    # steps enough left for that (one second is 7 steps at 0.15 s): a crash after the last step would be no fault.
+    crashy = api.submit(spec(api, "fleet-a", 30, labels={"team": "a"}))
+    lossy = api.submit(spec(api, "fleet-b", 30, labels={"team": "b"}, resiliency={"max_job_restarts": 1}))
+    for job, fault in ((crashy, "crash"), (lossy, "node_loss")):
+        wait(f"{job['name']} training", lambda job=job: step(api, job["id"]) >= 3)
+        api.inject(job["id"], {"kind": fault, "rank": 1 if fault == "crash" else 0, "now": True})
     jobs = {"a": finished(api, crashy["id"]), "b": finished(api, lossy["id"])}
     assert jobs["a"]["status"] == jobs["b"]["status"] == "SUCCEEDED", jobs
     own = {team: api.request("GET", f"/v1/jobs/{job['id']}/goodput") for team, job in jobs.items()}

@@ -14,8 +14,9 @@ import os
 import signal
 from typing import Any
 
-from ftplane.contract import EventType
+from ftplane.contract import EventType, utcnow_iso
 from ftplane.trainer.agent.processes import RankProcess, descendants, is_stopped, process_start_time
+from ftplane.trainer.agent.uplink import NodeEvents
 
 SIGNALS = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
 
@@ -28,6 +29,17 @@ def signal_rank(process: RankProcess, kind: str) -> bool:
         os.kill(process.pid, SIGNALS[kind])
         return True
     return False
+
+
+def inject_signal(events: NodeEvents, process: RankProcess, kind: str, key: str, details: dict[str, Any]) -> bool:
+    """Crash or hang the rank's process and report it `fault_injected`, timed just before the signal. False, and
+    nothing reported, when the process has exited (or its pid is another's now): the fault did not happen, and a
+    `fault_injected` would count a failure the job never had (a crash that came after the rank's last step)."""
+    at = utcnow_iso()
+    if not signal_rank(process, kind):
+        return False
+    events.event(EventType.fault_injected, rank=process.rank, key=key, details=details, ts=at)
+    return True
 
 
 def injected_crash_cause(rank: int, pid: int) -> dict[str, Any]:

@@ -382,8 +382,9 @@ class NodeAgent:
         if process is None or self.launcher is None:
             log.warning("fault %s: rank %s has no process on node %s", directive.get("id"), rank, self.config.node)
             return
-        self.uplink.event(EventType.fault_injected, rank=rank, key=f"fault:{directive.get('id')}", details=details)
+        key = f"fault:{directive.get('id')}"
         if kind == "node_loss":
+            self.uplink.event(EventType.fault_injected, rank=rank, key=key, details=details)
             self.uplink.event(
                 EventType.node_failed,
                 key=f"node_failed:{self.config.node}:a{self.config.attempt}",
@@ -391,6 +392,10 @@ class NodeAgent:
             )
             self.uplink.flush(2.0)  # what happened must outlive the node
             faults.lose_node(self.launcher.pid)
-        elif faults.signal_rank(process, kind) and kind == "crash":
+        elif not faults.inject_signal(self.uplink, process, kind, key, details):
+            log.warning(
+                "fault %s: rank %s's process %s has exited: not injected", directive.get("id"), rank, process.pid
+            )
+        elif kind == "crash":
             with self.lock:
                 self.state.injected[self.output.round] = (rank, process.pid)
