@@ -30,6 +30,7 @@ from api.routes import (
 )
 from api.services import audit as audit_log
 from api.services.ingest import caches, liveness_writer
+from api.services.ingest.lateness import RefuseLateReports
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
@@ -47,7 +48,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     )
     errors.install(app, on_refused=audit_log.record_refusal)
     app.add_middleware(TextGuard)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)  # outermost: size first
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)  # size first
+    app.add_middleware(RefuseLateReports)  # outermost: a late report is refused before anything reads it
     app.include_router(health.router)
     # Routes are matched in the order they are added, one by one: node traffic, most of all requests, comes
     # first (after it, every report would be compared with each route before its own).

@@ -133,6 +133,8 @@ def serve(
 
     import uvicorn
 
+    from api.core.arrival import PROTOCOL
+
     # uvicorn re-raises SIGTERM after its graceful shutdown; exit through `finally` so the worker is stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     err.print(f"ftplane API on http://{settings.host}:{settings.port} (docs at /docs)")
@@ -147,6 +149,7 @@ def serve(
             # node agents report every 1-30 s on one kept connection; uvicorn's default closes it after 5 s idle
             timeout_keep_alive=KEEP_ALIVE_S,
             backlog=LISTEN_BACKLOG,
+            http=PROTOCOL,  # stamps when each request came, for the report route's lateness
             access_log=settings.access_log,
         )
     finally:

@@ -83,6 +83,14 @@ class Settings(BaseSettings):
         description="How long a node report's token is trusted without asking the database again: a revoked "
         "token stops working within this long on the report route. 0: always ask.",
     )
+    report_max_wait_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="A node report that waited longer than this for the API's turn is refused at once with 503 and "
+        "Retry-After, unread (api/services/ingest/lateness.py): under a burst past what the API answers within the "
+        "agents' 5 s, it answers those it can in time instead of working on reports whose agents gave up.",
+    )
     liveness_flush_s: float = Field(
         default=0.1,
         ge=0,

@@ -1,6 +1,7 @@
 """Node-report ingest: what nodes, trainers and the control plane's own duties report, stored.
 
-A node agent's report (`POST /v1/jobs/{id}/reports`) goes, after the route has authenticated and
+A node agent's report (`POST /v1/jobs/{id}/reports`) that waited too long for the API's turn is refused
+unread (`lateness`, a middleware before the route). Otherwise it goes, after the route has authenticated and
 parsed it, to one entry point, `node_report.ingest`, which decides how it is stored:
 
 - fast: nothing to store in a transaction (no events, nothing new about the job): only its liveness,
@@ -14,6 +15,7 @@ Modules:
   node_report      the entry point (fast, grouped, alone or shed)
   rules            the rules a report is judged by: changes its job, its liveness counts, ended job
   group_commit     reports stored many to a transaction, and a report stored alone
+  lateness         the report that waited past FTPLANE_REPORT_MAX_WAIT_S, refused unread (503, Retry-After)
   admission        how many reports one process stores at once, and the Retry-After of those shed
   caches           the token's principal and the job's state, kept briefly in memory
   liveness_writer  node and rank liveness, coalesced and written about every 100 ms

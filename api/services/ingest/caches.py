@@ -36,7 +36,7 @@ from api.core.db import session_scope
 from api.core.security import digest
 from api.database.tables import Job, PendingFault
 from api.schemas.events import utcnow
-from api.services import authentication
+from api.services import authentication, lifecycle
 
 T = TypeVar("T")
 
@@ -51,6 +51,7 @@ class JobState:
     total_steps: int | None
     fault_ranks: frozenset[int]  # ranks of the current attempt with a fault not yet delivered
     project: str = "default"
+    report_interval_s: float = 1.0  # how often each of its nodes reports
 
 
 _lock = threading.Lock()
@@ -109,7 +110,8 @@ def load_job(job_id: str) -> JobState | None:
                     PendingFault.delivered_at.is_(None),
                 )
             )
-            state = JobState(job.status, job.attempt, job.total_steps, frozenset(ranks), job.project)
+            interval = lifecycle.spec_of(job).report_interval_s
+            state = JobState(job.status, job.attempt, job.total_steps, frozenset(ranks), job.project, interval)
     with _lock:
         _jobs[job_id] = state
     return state
