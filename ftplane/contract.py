@@ -89,6 +89,16 @@ def new_key() -> str:
 VERDICT = 93  # ft_launcher's own: NVRx decided not to restart. The job fails, no job-level restart.
 NODE_UNHEALTHY = 94  # this node must not be used again: a job restart with the node excluded.
 
+# How long an agent's last report may take at its exit, at least. The control plane tells a busy agent to come back
+# after at most two report intervals (Retry-After, api/services/ingest/lateness.py and admission.py), so a
+# longer interval lengthens it: two intervals and the 5 s an answer may take.
+EXIT_FLUSH_MIN_S = 10.0
+
+
+def exit_flush_s(report_interval_s: float) -> float:
+    """How long a node agent reporting every `report_interval_s` keeps trying to deliver its last report."""
+    return max(EXIT_FLUSH_MIN_S, 2 * report_interval_s + 5.0)
+
 
 # --- the limits of one report ------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from bench.scale.one_job import all_events, duty_figures, event_figures, ingest_
 from bench.scale.params import Params
 from bench.scale.simulator import ENDED
 from bench.scale.truth import Observer, Seen
+from ftplane import contract
 
 STARTUP_S = 120.0  # at most this long for every job's start-up events to be stored before the window
 
@@ -81,7 +82,7 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         await asyncio.gather(*silences)
         stepping.cancel()
 
-        await asyncio.gather(*(run.fleet.close(30.0) for run in runs))
+        await asyncio.gather(*(run.fleet.close(contract.exit_flush_s(p.report_interval_s)) for run in runs))
         for run in runs:
             await run.fleet.collect()
         shard_samples = [sample for run in runs for sample in run.fleet.loop_samples]

@@ -126,7 +126,7 @@ class Simulation:
         if self.fleet.measuring:
             self.fleet.measure(False)
             self.window.end()
-        await self.fleet.close(10.0)
+        await self.fleet.close(contract.exit_flush_s(self.p.report_interval_s))
         self.flag.touch()
         try:
             seen = await self.observer.job_until("ended", lambda job: job["status"] in ENDED, 60)
@@ -315,7 +315,8 @@ class Simulation:
             self.complete_save(self.pending_save[0])
         self.fleet.measure(False)
         self.window.end()
-        await self.fleet.close(30.0)  # the ranks exit; each agent sends what it holds, then exits
+        # the ranks exit; each agent sends what it holds (for as long as the product's agent tries), then exits
+        await self.fleet.close(contract.exit_flush_s(self.p.report_interval_s))
         self.flag.touch()  # the real process exits; ft_launcher exits 0; the supervisor records `succeeded`
         seen = await self.observer.job_until("SUCCEEDED", lambda job: job["status"] == "SUCCEEDED", 120)
         self.truth.add(unblocked, seen.at, "shutdown")

@@ -58,8 +58,6 @@ from ftplane.trainer.agent.uplink import Uplink
 
 log = logging.getLogger(__name__)
 
-EXIT_FLUSH_S = 10.0
-
 
 class NodeAgent:
     def __init__(self, config: AgentConfig, gpus: GpuMonitor | None = None) -> None:
@@ -174,7 +172,7 @@ class NodeAgent:
             code, unhealthy=self.state.unhealthy is not None, verdict=self.state.verdict, signalled=self._signalled
         )
         self.uplink.liveness(self._liveness(final_code=code))
-        if not self.uplink.close(EXIT_FLUSH_S):
+        if not self.uplink.close(contract.exit_flush_s(self.config.interval_s)):
             log.warning("node %s: left with reports undelivered", self.config.node)
         log.info("node %s: launcher exited with %s; agent exits %d", self.config.node, code, status)
         return status

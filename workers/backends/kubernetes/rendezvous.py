@@ -22,15 +22,19 @@ When a pod is told to stop (SIGTERM: an eviction, a drain, Karpenter, a cancel),
 ft_launcher, which passes it to the ranks (`--term-timeout`: SIGKILL only after `resiliency.stop_grace_s`); a
 loop using the SDK learns of it (`run.should_stop()`, trainer/sdk/termination.py) and saves, as the built-in
 trainer does. The pod's
-terminationGracePeriodSeconds is that grace plus AGENT_MARGIN_S for the agent to report and leave.
+terminationGracePeriodSeconds is that grace plus the agent's time to send its last report (`contract.exit_flush_s`,
+longer for a job whose size lengthens its report interval) and leave.
 """
 
 from __future__ import annotations
 
+import math
+
 from api.schemas.spec import JobSpec
+from ftplane import contract
 
 NVRX_JOIN_TIMEOUT_S = 300  # NVRx 0.7's LaunchConfig default
-AGENT_MARGIN_S = 20  # the node agent's last report (EXIT_FLUSH_S) and exit, after the ranks are gone
+AGENT_EXIT_S = 10  # the node agent's exit after its last report (contract.exit_flush_s)
 
 
 def join_timeout_s(spec: JobSpec) -> int:
@@ -50,4 +54,4 @@ def launcher_flags(spec: JobSpec) -> list[str]:
 
 def termination_grace_s(spec: JobSpec) -> int:
     """The pods' terminationGracePeriodSeconds."""
-    return spec.resiliency.stop_grace_s + AGENT_MARGIN_S
+    return spec.resiliency.stop_grace_s + math.ceil(contract.exit_flush_s(spec.report_interval_s)) + AGENT_EXIT_S

@@ -22,6 +22,7 @@ from starlette.routing import Route
 from api.core.arrival import PROTOCOL, RECEIVED_AT
 from api.services.ingest import caches, lateness
 from api.services.ingest.lateness import Pace, RefuseLateReports
+from ftplane import contract
 from tests.support.waiting import wait_for
 
 HOLD_S = 2.0  # what the first request holds the event loop for: past the 1 s bound
@@ -174,6 +175,19 @@ def test_retry_after_spreads_the_refused_over_the_time_to_take_them_up_within_tw
     assert pace.retry_after(interval_s=30.0) == 11  # 1 + 1,000 refused / 100 taken up
     assert pace.retry_after(interval_s=3.0) == 6  # at most two intervals
     assert Pace().retry_after(interval_s=30.0) == 1  # nothing refused: the least wait
+
+
+@pytest.mark.parametrize("interval_s", [1.0, 8.0, 30.0])
+def test_an_agents_last_report_outlasts_the_longest_retry_after(
+    monkeypatch: pytest.MonkeyPatch, interval_s: float
+) -> None:
+    """A refused report is sent again after Retry-After; an agent at its exit keeps trying long enough for that
+    and its answer (the agents' 5 s read timeout), so a busy server loses it no event."""
+    monkeypatch.setattr(lateness.random, "uniform", lambda low, high: high)
+    pace = Pace()
+    for _ in range(100_000):
+        pace.count(refused=True)
+    assert pace.retry_after(interval_s) + 5 <= contract.exit_flush_s(interval_s)
 
 
 def test_a_cached_jobs_interval_bounds_the_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:

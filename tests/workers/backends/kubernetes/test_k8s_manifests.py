@@ -81,6 +81,10 @@ def test_job_manifest_shape():
     )
     assert container(job)["command"] == [*m.AGENT_COMMAND, *launcher]
     assert pod["terminationGracePeriodSeconds"] == 140  # the ranks' 120 s and the node agent's 20 s
+    # A job whose size makes its nodes report every 30 s: the agent's last report may wait out a Retry-After of
+    # two intervals (65 s in all), then it leaves (10 s).
+    slow = m.job_manifest(make_request(make_spec(progress={"report_interval_s": 30})))
+    assert slow["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120 + 65 + 10
     assert env_of(job)["FTPLANE_STOP_GRACE_S"]["value"] == "120"
     waiting = m.job_manifest(make_request(make_spec(resiliency={"pending_timeout_s": 1800, "stop_grace_s": 600})))
     command = container(waiting)["command"]
