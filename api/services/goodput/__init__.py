@@ -34,7 +34,13 @@ Failures
     `rank_failed` observed by the launcher (details.source == "launcher") is no time signal: the
     supervisor records it in the same pass as the restart it causes, and its time may trail the
     next run's start. Its step still counts as progress evidence (below).
-    onset = the earliest signal; detection = the earliest detection signal at or after the onset.
+    onset = the earliest signal, where the silences (with silent_s) of a window count as one: the
+    earliest of those at the highest step any of them shows. A rank waiting in a collective on a
+    silent one goes silent too, so every rank's silence is recorded, and the highest step is where the
+    job stopped; a rank last heard at a lower step was last heard before that, not silent since (the
+    131,072-rank scale story's silent node: its agent's last report 29 s before the node stopped, 34
+    steps behind the other ranks, at a 30 s report interval).
+    detection = the earliest detection signal at or after the onset.
     A window with a signal is one failure.
 
 Buckets (they partition wall time exactly; every second is in exactly one)

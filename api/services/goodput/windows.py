@@ -46,6 +46,7 @@ class Window:
     run: Run | None
     onset: float | None = None
     detected: float | None = None
+    silences: list[tuple[int, float]] = field(default_factory=list)  # (step, onset) of its measured silences
     train_end: float = 0.0
     stalls: list[tuple[float, float]] = field(default_factory=list)
     signals: list[Record] = field(default_factory=list)  # the events that placed its failure, in time order
@@ -115,11 +116,17 @@ def place_signals(recs: Sequence[Record], t: Clock, windows: Sequence[Window]) -
                 continue  # silent since before this run started: about an earlier run
             onset = window.start
         window.signals.append(r)
-        if onset is not None and (window.onset is None or onset < window.onset):
+        if onset is not None and r.type in SILENCE_TYPES and silence(r) is not None:
+            window.silences.append((r.step if r.step is not None else -1, onset))
+        elif onset is not None and (window.onset is None or onset < window.onset):
             window.onset = onset
         if signal.detects and (window.detected is None or signal.t < window.detected):
             window.detected = signal.t
     for w in windows:
+        if w.silences:
+            last_step = max(step for step, _ in w.silences)
+            stopped = min(onset for step, onset in w.silences if step == last_step)
+            w.onset = stopped if w.onset is None else min(w.onset, stopped)
         if w.onset is None and w.detected is not None:
             w.onset = w.detected
         if w.detected is not None and w.onset is not None and w.detected < w.onset:

@@ -227,6 +227,29 @@ def test_hang_detected_by_silence() -> None:
     assert g.failures == 1
 
 
+def test_a_job_wide_silence_began_where_the_job_stopped_stepping_not_at_a_lagging_nodes_last_report() -> None:
+    """A node stops dead at 41 at step 150; its agent last reported at 20 (step 130, a 30 s report interval). Every
+    other rank waits in its next collective: last heard at step 150 from 41.2 on. All are found silent (a node's
+    lead rank each, as the supervisor records them); the job stopped stepping at step 150, at 41.2: training ran
+    until then (not until 20), fault_detection 41.2..101 (the first detection), restart 101..140."""
+    g = run(
+        [
+            ev("submitted", 0),
+            *running(10),
+            ev("hang_detected", 101, step=130, silent_s=81.0),  # the silent node's rank: last report at 20
+            ev("hang_detected", 131.5, step=150, silent_s=90.3),  # the others: at the highest step from 41.2
+            ev("hang_detected", 131.5, step=150, silent_s=90.1),
+            ev("job_restart", 131.6, from_attempt=0),
+            *running(140, 100, attempt=1),
+        ],
+        now=150,
+    )
+    assert_partition(g)
+    assert g.failures == 1
+    assert lost(g)["fault_detection"] == pytest.approx(101 - 41.2)
+    assert g.productive_s == pytest.approx(41.2 - 10)  # the new run's 10 s redo steps 100.. (recompute)
+
+
 def test_a_silence_without_silent_s_is_detection_only() -> None:
     """The cause is a sentence for people, never read: without silent_s a hang's onset is its detection
     at 71 (training counts as productive until then), not 71 - 30.0."""
