@@ -163,6 +163,12 @@ def last_ts_of_job(
     return session.scalar(query)
 
 
+def max_step(session: Session, job_id: str, attempt: int, type_: str) -> int | None:
+    """The highest step of an attempt's events of one type."""
+    query = select(func.max(Event.step)).where(Event.job_id == job_id, Event.attempt == attempt, Event.type == type_)
+    return session.scalar(query)
+
+
 def max_step_of_job(session: Session, job_id: str, type_: str, *, before: datetime) -> int | None:
     """The highest step of the job's events of one type at or before `before` (e.g. the newest checkpoint then)."""
     query = select(func.max(Event.step)).where(Event.job_id == job_id, Event.type == type_, Event.ts <= before)

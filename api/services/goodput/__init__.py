@@ -66,8 +66,9 @@ Buckets (they partition wall time exactly; every second is in exactly one)
     shutdown          a succeeded job's tail: from the end of its last run's final checkpoint
                       blocking, and of the steps after it (to the `succeeded` event's final_step,
                       the highest its ranks reported, at the measured step time), to `succeeded`;
-                      without a checkpoint in the last run, or where the steps after it are not
-                      known, the tail stays productive
+                      without a checkpoint in the last run, from its start and the steps from its
+                      start step to final_step; where those steps are not known, the tail stays
+                      productive
     productive        the rest of every run's training time
     Training time of a run = its start → its onset (or the window's end). ETTR = productive / wall.
 

@@ -244,18 +244,24 @@ def _saves(recs: Sequence[Record], origin: datetime) -> list[_Save]:
 
 
 def _mark_shutdown(last: Window, saves: Sequence[_Save], final_step: int | None, step_time: float | None) -> None:
-    """A succeeded job's last run ends training when its final save stops blocking, and the steps after that save
-    (to `final_step`, the highest the ranks reported) have run; without knowing those steps, it ends with the job."""
-    finals = [s for s in saves if last.start <= s.begin and s.unblocked <= last.train_end]
-    if last.onset is not None or not finals:
+    """A succeeded job's last run ends training when its final save stops blocking and the steps after that save
+    (to `final_step`, the highest the ranks reported) have run; when the run saved nothing, when the steps from its
+    start to `final_step` have run. Without knowing those steps, it ends with the job."""
+    if last.onset is not None or last.run is None:
         return
-    final = finals[-1]
+    finals = [s for s in saves if last.start <= s.begin and s.unblocked <= last.train_end]
+    if finals:
+        anchor, anchor_step = finals[-1].unblocked, finals[-1].step
+    elif final_step is not None and last.run.start_step is not None and final_step >= last.run.start_step:
+        anchor, anchor_step = last.start, last.run.start_step
+    else:
+        return  # steps may have followed, for all one knows: productive
     after = 0.0
-    if final.step is None or final_step is None or final_step > final.step:
-        if final.step is None or final_step is None or step_time is None:
-            return  # steps may have followed the save, for all one knows: productive
-        after = (final_step - final.step) * step_time
-    last.train_end = min(last.train_end, max(last.start, final.unblocked + after))
+    if anchor_step is None or final_step is None or final_step > anchor_step:
+        if anchor_step is None or final_step is None or step_time is None:
+            return
+        after = (final_step - anchor_step) * step_time
+    last.train_end = min(last.train_end, max(last.start, anchor + after))
 
 
 def _interval(saves: Sequence[_Save]) -> int | None:

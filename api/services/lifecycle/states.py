@@ -185,9 +185,14 @@ def finish_attempt(attempt: Attempt, status: AttemptStatus, cause: Cause | None 
 
 def succeed(session: Session, job: Job, attempt: Attempt) -> None:
     """The job is done; its `succeeded` event says the highest step its ranks reported (`final_step`: goodput's
-    steps after the last checkpoint)."""
+    steps after the last checkpoint), in their heartbeats or, for a run that ended before its first step (a
+    heartbeat comes with a step), in their `running`."""
     finish_attempt(attempt, AttemptStatus.SUCCEEDED)
-    final = models.liveness.max_step(session, job.id, job.attempt)
+    reported = (
+        models.liveness.max_step(session, job.id, job.attempt),
+        models.events.max_step(session, job.id, job.attempt, EventType.running.value),
+    )
+    final = max((step for step in reported if step is not None), default=None)
     details = {"final_step": final} if final is not None else None
     transition(session, job, JobStatus.SUCCEEDED, Cause(CauseClass.other, "all ranks finished"), details=details)
 

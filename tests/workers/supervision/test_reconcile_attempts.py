@@ -30,6 +30,29 @@ def test_success(admin: TestClient, make_job: Any, backend: ScriptedBackend) -> 
     assert late.status_code == 401  # a finished job's trainer tokens are revoked
 
 
+def test_succeeded_says_the_highest_step_the_ranks_reported_their_running_included(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """A run that ended before its first step sent no heartbeat: the step its ranks said they resumed from is the
+    highest they reported (goodput's tail starts from it); heartbeats past it count over it."""
+
+    def final_step(beats: list[dict[str, Any]]) -> Any:
+        backend.statuses.pop(0, None)  # the attempt runs until the ranks have reported
+        job = make_job()
+        supervise(job["id"], force_launch=True)
+        resumed = [{"key": f"run:r{r}", "type": "running", "rank": r, "step": 200} for r in range(2)]
+        assert admin.post(f"/v1/jobs/{job['id']}/events", json={"events": resumed}).status_code == 200
+        if beats:
+            assert admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats}).status_code == 200
+        backend.statuses[0] = AttemptReading(AttemptPhase.succeeded)
+        supervise(job["id"])
+        items = admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "succeeded"}).json()["items"]
+        return items[0]["details"].get("final_step")
+
+    assert final_step([]) == 200
+    assert final_step([{"rank": 0, "step": 203}, {"rank": 1, "step": 204}]) == 204
+
+
 def test_failure_climbs_to_job_restart_excluding_the_node_then_budget_ends_it(
     admin: TestClient, make_job: Any, backend: ScriptedBackend
 ) -> None:

@@ -227,6 +227,30 @@ def test_hang_detected_by_silence() -> None:
     assert g.failures == 1
 
 
+def test_a_last_run_that_saved_nothing_trains_from_its_start_to_the_final_step_then_shuts_down() -> None:
+    """Training from 10, save at step 20 (30..31); rank 1 fails at 41 at step 30 (onset and detection: 1 s a
+    step); the workers restart and the new run resumes from step 20 at 50. It saves nothing: its ranks reported
+    step 25 at most, so it trained 50..55 (redoing steps 20..25: recompute) and the time from 55 to `succeeded`
+    at 70 is its shutdown, not training (the last flush of its agents, the launcher's exit)."""
+    history = [
+        ev("submitted", 0),
+        *running(10),
+        saved(30, 20),
+        ev("rank_failed", 41, step=30),
+        ev("injob_restart", 45, restart_count=1),
+        *running(50, 20, restart_count=1),
+    ]
+    g = run([*history, ev("succeeded", 70, final_step=25)])
+    assert_partition(g)
+    assert lost(g)["shutdown"] == pytest.approx(15) and lost(g)["recompute"] == pytest.approx(5)
+    # The ranks never stepped past where the run resumed: all of it after its start is shutdown.
+    idle = run([*history, ev("succeeded", 70, final_step=20)])
+    assert lost(idle)["shutdown"] == pytest.approx(20) and "recompute" not in lost(idle)
+    # Nobody said the final step: the tail stays productive (steps may have followed, for all one knows).
+    unknown = run([*history, ev("succeeded", 70)])
+    assert "shutdown" not in lost(unknown)
+
+
 def test_a_job_wide_silence_began_where_the_job_stopped_stepping_not_at_a_lagging_nodes_last_report() -> None:
     """A node stops dead at 41 at step 150; its agent last reported at 20 (step 130, a 30 s report interval). Every
     other rank waits in its next collective: last heard at step 150 from 41.2 on. All are found silent (a node's
