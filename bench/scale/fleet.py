@@ -105,8 +105,12 @@ class SimNode:
         tally.ticks += counted
         self.handed.append((status, time.monotonic(), counted))
         self.uplink.liveness(status)
+        self.hand_over_beat()
+
+    def hand_over_beat(self) -> None:
+        """The ranks' newest heartbeats to the uplink, when they made progress since the last."""
         beat = self.fleet.beat
-        if beat is not None and beat is not self.beat_sent:
+        if beat is not None and beat is not self.beat_sent and not self.frozen:
             self.beat_sent = beat
             for rank in self.ranks:
                 self.uplink.heartbeat({**beat.fields, "rank": rank, "node": self.name})
@@ -228,6 +232,9 @@ class NodeGroup:
         self.tally.measuring = on
 
     def set_beat(self, beat: Beat | None) -> None:
+        if beat is None:  # the ranks exit: the agent has their last heartbeats (they came as the ranks stepped)
+            for node in self.nodes.values():
+                node.hand_over_beat()
         self.beat = beat
 
     def send(self, node: int, event: dict[str, Any]) -> None:
