@@ -75,7 +75,9 @@ def upgrade() -> None:
 
     op.create_table(
         "attempts",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
+        sa.Column(
+            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
+        ),
         sa.Column("job_id", sa.String(length=32), nullable=False),
         sa.Column("number", sa.Integer(), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
@@ -95,7 +97,9 @@ def upgrade() -> None:
 
     op.create_table(
         "events",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
+        sa.Column(
+            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
+        ),
         sa.Column("job_id", sa.String(length=32), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("type", sa.String(length=32), nullable=False),
@@ -163,7 +167,9 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("webhook_deliveries", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_webhook_deliveries_job_id"), ["job_id"], unique=False)
-        batch_op.create_index(batch_op.f("ix_webhook_deliveries_subscription_id"), ["subscription_id"], unique=False)
+        batch_op.create_index(
+            batch_op.f("ix_webhook_deliveries_subscription_id"), ["subscription_id"], unique=False
+        )
 
     # ### end Alembic commands ###
 
