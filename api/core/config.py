@@ -89,7 +89,7 @@ class Settings(BaseSettings):
         le=60,
         description="A node report that waited longer than this for the API's turn is refused at once with 503 and "
         "Retry-After, unread (api/services/ingest/lateness.py): under a burst past what the API answers within the "
-        "agents' 5 s, it answers those it can in time instead of working on reports whose agents gave up.",
+        "agents' 5 s, it spends microseconds on such a report instead of working on one whose agent may have given up.",
     )
     liveness_flush_s: float = Field(
         default=0.1,
