@@ -89,15 +89,23 @@ def new_key() -> str:
 VERDICT = 93  # ft_launcher's own: NVRx decided not to restart. The job fails, no job-level restart.
 NODE_UNHEALTHY = 94  # this node must not be used again: a job restart with the node excluded.
 
-# How long an agent's last report may take at its exit, at least. The control plane tells a busy agent to come back
-# after at most two report intervals (Retry-After, api/services/ingest/lateness.py and admission.py), so a
-# longer interval lengthens it: two intervals and the 5 s an answer may take.
+# The longest a busy control plane tells an agent to wait before it sends its report again (Retry-After:
+# api/services/ingest/admission.py and lateness.py): two of its report intervals, so that its liveness still
+# arrives well inside its heartbeat timeout (three intervals at least).
+RETRY_AFTER_MAX_INTERVALS = 2
+# How long an agent's last report may take at its exit, at least; a longer interval lengthens it: the longest
+# Retry-After and the 5 s an answer may take.
 EXIT_FLUSH_MIN_S = 10.0
+
+
+def retry_after_max_s(report_interval_s: float) -> float:
+    """The longest Retry-After the control plane gives an agent reporting every `report_interval_s`."""
+    return RETRY_AFTER_MAX_INTERVALS * report_interval_s
 
 
 def exit_flush_s(report_interval_s: float) -> float:
     """How long a node agent reporting every `report_interval_s` keeps trying to deliver its last report."""
-    return max(EXIT_FLUSH_MIN_S, 2 * report_interval_s + 5.0)
+    return max(EXIT_FLUSH_MIN_S, retry_after_max_s(report_interval_s) + 5.0)
 
 
 # --- the limits of one report ------------------------------------------------------------------------

@@ -15,8 +15,8 @@ The agent keeps its events and sends them again after that wait.
 The wait grows with the shedding: a shed report costs the API a parse and a liveness write, and 2,048
 agents retrying every second or two spend the cores the transactions need. Retry-After is drawn at
 random (the agents spread out) between 1 s and 1 + (reports shed in the last second) / `limit`, at most
-two report intervals, so that a node's liveness still arrives well inside its heartbeat timeout (at
-least three intervals).
+two report intervals (`contract.retry_after_max_s`), so that a node's liveness still arrives well inside
+its heartbeat timeout (at least three intervals).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import collections
 import random
 import threading
 import time
+
+from ftplane import contract
 
 
 class TransactionSlots:
@@ -55,7 +57,7 @@ class TransactionSlots:
         `interval_s` (1 s when it does not say)."""
         with self._lock:
             shed_last_second = len(self._recent)
-        ceiling = min(2 * (interval_s or 1.0), 1 + shed_last_second / max(1, self.limit))
+        ceiling = min(contract.retry_after_max_s(interval_s or 1.0), 1 + shed_last_second / max(1, self.limit))
         return max(1, round(random.uniform(1, max(1.0, ceiling))))
 
     def give_back(self) -> None:

@@ -12,8 +12,9 @@ timed out, and the events lost there did not fall.
 
 Retry-After is drawn at random between 1 s and 1 + (reports refused late in the last second) / (reports taken up
 in the last second): the refused come back spread over the time this process needs to take them up at its present
-pace. At most two of the job's report intervals (as the busy-server 503 of admission.py): the node's liveness, not
-taken from a report that was not read, is then still well inside its heartbeat timeout.
+pace. At most `contract.retry_after_max_s` (two of the job's report intervals, as the busy-server 503 of
+admission.py): the node's liveness, not taken from a report that was not read, is then still well inside its
+heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from api.core.arrival import waited_s
 from api.core.config import get_settings
 from api.services.ingest import caches
+from ftplane import contract
 
 _REPORT_PATH = re.compile(r"^/v1/jobs/([^/]+)/reports$")
 
@@ -51,7 +53,7 @@ class Pace:
         with self._lock:
             self._roll()
             refused, taken = max(self._now[0], self._last[0]), max(self._now[1], self._last[1])
-        ceiling = min(2 * interval_s, 1 + refused / max(1, taken))
+        ceiling = min(contract.retry_after_max_s(interval_s), 1 + refused / max(1, taken))
         return max(1, round(random.uniform(1, max(1.0, ceiling))))
 
     def _roll(self) -> None:
