@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.api.services.goodput.test_accounting import HANG_SCENARIO_LOST, RESTART_SCENARIO_LOST
+from tests.api.services.goodput.test_accounting import RESTART_SCENARIO_LOST
+from tests.api.services.goodput.test_silences import HANG_SCENARIO_LOST
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -190,7 +191,7 @@ def test_advice_in_words() -> None:
 
 
 def test_a_job_wide_hang_is_read_per_detection_pass(admin: TestClient, make_job: Any) -> None:
-    """test_accounting.test_hang_detected_by_silence, stored: the supervisor records a pass's hang_detected
+    """test_silences.test_hang_detected_by_silence, stored: the supervisor records a pass's hang_detected
     events (one per silent rank) with one time; a silence without silent_s (its cause is not read) is
     detected at its own time, after the pass. Expected: fault_detection 41..71 = 30 s, restart 71..80 = 9 s."""
     job = submitted(make_job, procs_per_node=8)
