@@ -18,12 +18,14 @@ PASS_READ_WAIT_S = 30.0
 
 @dataclass
 class ScriptedBackend:
-    """Reports whatever status the test sets per attempt; records launches and cancels."""
+    """Reports whatever status the test sets per attempt; records launches and teardowns (`stop` or `cancel`).
+    An attempt in `stopping` does not stop until the test takes it out."""
 
     name: str = "local"
     statuses: dict[int, AttemptReading] = field(default_factory=dict)
     launches: list[LaunchRequest] = field(default_factory=list)
     cancels: list[int] = field(default_factory=list)
+    stopping: set[int] = field(default_factory=set)
     fail_launch: bool = False
     retryable: bool = False
     released: list[str] = field(default_factory=list)
@@ -41,6 +43,11 @@ class ScriptedBackend:
 
     def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptReading:
         return self.statuses.get(attempt, AttemptReading(AttemptPhase.running))
+
+    def stop(self, job_id: str, attempt: int, spec: JobSpec) -> bool:
+        if attempt not in self.cancels:
+            self.cancels.append(attempt)
+        return attempt not in self.stopping
 
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         self.cancels.append(attempt)

@@ -82,8 +82,13 @@ class Backend(Protocol):
 
     def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptReading: ...
 
+    def stop(self, job_id: str, attempt: int, spec: JobSpec) -> bool:
+        """Start tearing the attempt down and return at once: True once nothing of it runs any more. Called again
+        (by any worker, on a later pass) until it says so; the backend's own grace ends in a kill. Idempotent."""
+        ...
+
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
-        """Tear the attempt down entirely. Idempotent."""
+        """Tear the attempt down entirely, waiting for it where the backend must. Idempotent."""
         ...
 
     def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:

@@ -5,14 +5,15 @@ multi-node behaviour (a node lost, a node blamed) runs for real on one machine. 
 (trainer/agent) reports everything about the ranks itself; this backend only starts the agents,
 reads how each ended, and stops them.
 
-State lives on disk under `FTPLANE_LOCAL_RUNS_DIR/<job>/a<attempt>/n<node>/`: `launch.json`
-(runner pid, start time), `output.log` (the agent's own log), `agent/` (its socket, the
-launcher's own lines in `agent/launcher.log` and each rank's in `agent/logs/`, read by the API's
-logs route: api/services/logs/node_files.py) and `exit_code`, written by the runner when the agent
-ends. A worker that restarts reads it back, so running jobs are re-adopted, not lost. The job's command
-runs in its `working_dir`, by default `FTPLANE_LOCAL_RUNS_DIR/<job>/work/` (never the server's own
-directory): what a framework writes beside it (Lightning's `lightning_logs/`) stays with the job, in one
-place across its restarts. The spec's `env` reaches the ranks only (FTPLANE_RANK_ENV, set by the agent).
+State lives on disk under `FTPLANE_LOCAL_RUNS_DIR/<job>/a<attempt>/n<node>/`: `launch.json` (runner pid, start
+time), `output.log` (the agent's own log), `agent/` (its socket, the launcher's own lines in
+`agent/launcher.log` and each rank's in `agent/logs/`, read by the API's logs route:
+api/services/logs/node_files.py) and `exit_code`, written by the runner when the agent ends; the attempt's
+`stop.json` records a stop in progress (`LocalBackend.stop`). A worker that restarts reads them back, so
+running jobs are re-adopted and stops carried on, not lost. The job's command runs in its `working_dir`, by
+default `FTPLANE_LOCAL_RUNS_DIR/<job>/work/` (never the server's own directory): what a framework writes
+beside it (Lightning's `lightning_logs/`) stays with the job, in one place across its restarts. The spec's
+`env` reaches the ranks only (FTPLANE_RANK_ENV, set by the agent).
 
 The spec's `secret_env` is honoured as on Kubernetes, where each entry is a container variable taken from a
 Secret and the agent redacts its value from every line (FTPLANE_SECRET_ENV names it). This machine has no
@@ -134,10 +135,11 @@ def runner_of(state_dir: Path) -> int | None:
     return None
 
 
-def _write_record(node: LocalNode, record: Mapping[str, object]) -> None:
-    tmp = node.path / "launch.json.tmp"
+def _write_json(path: Path, record: Mapping[str, object]) -> None:
+    """Whole or not at all: a reader never sees half a record."""
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record))
-    os.replace(tmp, node.launch_file)
+    os.replace(tmp, path)
 
 
 def node_outcome(node: LocalNode, code: int) -> tuple[AttemptPhase, Cause | None]:
@@ -259,7 +261,7 @@ class LocalBackend:
                 "node": node.name,
                 "launched_at": time.time(),
             }
-            _write_record(node, record)
+            _write_json(node.launch_file, record)
 
     def _adopt(self, node: LocalNode) -> bool:
         """Record a launch whose own record was lost: a worker killed between starting the runner and
@@ -277,7 +279,7 @@ class LocalBackend:
             "launched_at": time.time(),
             "adopted": True,
         }
-        _write_record(node, record)
+        _write_json(node.launch_file, record)
         return True
 
     def status(self, job_id: str, attempt: int, spec: JobSpec) -> AttemptReading:
@@ -311,24 +313,51 @@ class LocalBackend:
             return AttemptReading(AttemptPhase.running)
         return AttemptReading(AttemptPhase.succeeded)
 
+    def stop(self, job_id: str, attempt: int, spec: JobSpec) -> bool:
+        """Ask the attempt to stop and return at once: True once none of its processes is left.
+
+        The first call sends every node's processes SIGCONT (a stopped, hung rank cannot handle SIGTERM), then
+        SIGTERM (each agent stops its launcher and ranks, then flushes its last reports), and records in the
+        attempt's `stop.json` when, and which processes (pid and start time, so a recycled pid is never hit). A
+        call TERMINATE_GRACE_S after that kills what is left. The record is on disk, so any worker makes the next
+        call."""
+        stop_file = self.attempt_dir(job_id, attempt) / "stop.json"
+        try:
+            record = json.loads(stop_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            record = self._terminate(job_id, attempt, spec)
+            if not record["groups"]:
+                return True
+            _write_json(stop_file, record)
+        left = [(pgid, alive) for pgid, members in record["groups"] if (alive := _still_running(members))]
+        if not left:
+            return True
+        if time.time() - record["requested_at"] >= TERMINATE_GRACE_S:
+            for pgid, alive in left:
+                leader_alive = any(pid == pgid for pid in alive)  # else its group id may be another's by now
+                self._signal_group(pgid if leader_alive else None, alive, signal.SIGKILL)
+        return False
+
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
-        """Stop every node's agent (each stops its launcher and ranks), then kill what is left."""
-        groups: list[tuple[int, list[int]]] = []
+        """Stop the attempt and wait until nothing of it is left (at most TERMINATE_GRACE_S and a kill)."""
+        while not self.stop(job_id, attempt, spec):
+            time.sleep(0.1)
+
+    def _terminate(self, job_id: str, attempt: int, spec: JobSpec) -> dict[str, object]:
+        """SIGTERM every live node's process group; what was signalled, as `stop.json` records it."""
+        groups: list[tuple[int, list[tuple[int, int]]]] = []
         for node in self.nodes(job_id, attempt, spec):
             record = node.launched()
             if record is None or not node.alive():
                 continue
             pgid = int(record["pid"])  # type: ignore[call-overload]
-            groups.append((pgid, [pgid, *descendants(pgid)]))
+            members = [(pid, started) for pid in (pgid, *descendants(pgid)) if (started := process_start_time(pid))]
+            groups.append((pgid, members))
         for pgid, members in groups:
-            self._signal_group(pgid, members, signal.SIGCONT)  # stopped (hung) ranks can't handle SIGTERM
-            self._signal_group(pgid, members, signal.SIGTERM)
-        deadline = time.monotonic() + TERMINATE_GRACE_S
-        everyone = [pid for _, members in groups for pid in members]
-        while time.monotonic() < deadline and any(process_start_time(p) for p in everyone):
-            time.sleep(0.1)
-        for pgid, members in groups:
-            self._signal_group(pgid, members, signal.SIGKILL)
+            pids = [pid for pid, _ in members]
+            self._signal_group(pgid, pids, signal.SIGCONT)
+            self._signal_group(pgid, pids, signal.SIGTERM)
+        return {"requested_at": time.time(), "groups": groups}
 
     def delete_job_resources(self, job_id: str, spec: JobSpec) -> None:
         """Nothing outlives an attempt here but its logs and state, kept on disk for reading."""
@@ -336,9 +365,15 @@ class LocalBackend:
             self.cancel(job_id, int(attempt_dir.name[1:]), spec)
 
     @staticmethod
-    def _signal_group(pgid: int, members: list[int], sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
+    def _signal_group(pgid: int | None, members: list[int], sig: signal.Signals) -> None:
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
         for pid in members:  # launchers may start their own sessions; reach every descendant
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
+
+
+def _still_running(members: list[list[int]]) -> list[int]:
+    """The pids among `members` ([pid, start time] pairs) that are still those processes."""
+    return [pid for pid, started in members if process_start_time(pid) == started]

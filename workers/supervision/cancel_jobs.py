@@ -1,4 +1,8 @@
-"""Duty: tear down the jobs whose cancellation was asked for, then mark them CANCELLED."""
+"""Duty: tear down the jobs whose cancellation was asked for, then mark them CANCELLED.
+
+The teardown is asked for, not waited on: a job is marked CANCELLED by the first pass (or the cancel
+task) that finds nothing of its attempt running any more; until then it stays as it was, cancel requested.
+"""
 
 from __future__ import annotations
 
@@ -26,5 +30,6 @@ def cancel(session: Session, job_id: str) -> None:
 def cancel_job(session: Session, job: Job) -> None:
     if not job.cancel_requested or job.status not in lifecycle.ACTIVE:
         return
-    backends.get_backend(job.backend).cancel(job.id, job.attempt, lifecycle.spec_of(job))  # idempotent
+    if not backends.get_backend(job.backend).stop(job.id, job.attempt, lifecycle.spec_of(job)):
+        return
     lifecycle.cancel(session, job, lifecycle.current_attempt(session, job), CANCELLED_BY_REQUEST)

@@ -1,7 +1,9 @@
 """Duty: launch the current attempt of new and restarted jobs, once each, through their backend.
 
 A restarted job's previous attempt is torn down first (what is left of it: a hung launcher,
-surviving pods), so two attempts never hold the same resources.
+surviving pods), so two attempts never hold the same resources. The teardown is asked for, not waited
+on: while the old attempt's processes take their grace, the pass goes on with other jobs, and a later
+pass launches the new attempt once the backend says the old one is gone.
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ def launch_job(session: Session, job: Job) -> None:
     except backends.UnknownBackend as exc:
         lifecycle.fail(session, job, attempt, Cause(CauseClass.launch, str(exc)))
         return
-    if job.attempt > 0:  # a job restart: what is left of the attempt it replaces goes first (idempotent)
-        backend.cancel(job.id, job.attempt - 1, spec)
+    # A job restart: what is left of the attempt it replaces goes first (idempotent).
+    if job.attempt > 0 and not backend.stop(job.id, job.attempt - 1, spec):
+        log.info("job %s attempt %s waits for attempt %s to stop", job.id, job.attempt, job.attempt - 1)
+        return
     # The token is committed before the launch, so a process started by a launch whose
     # bookkeeping is lost to a crash still holds a valid token.
     _, token = models.tokens.create_trainer(session, job.id, name=f"trainer:{job.name}:a{job.attempt}")

@@ -1,9 +1,10 @@
 """Duty: free what an ended job leaves behind, once.
 
 A job given up on may still have processes or pods (a hung launcher, the pods of a partly
-scheduled attempt): they are torn down. Then the backend removes what outlives attempts (the
-token Secret) and the job's trainer tokens are revoked (its trainers flushed their reports
-before they exited). A backend that cannot be reached is tried again on the next passes for
+scheduled attempt): they are asked to stop, and a later pass goes on once they are gone. Then the
+backend removes what outlives attempts (the token Secret). The job's trainer tokens are revoked first
+(its trainers flushed their reports before they exited; those still stopping lose what they had left
+to send). A backend that cannot be reached is tried again on the next passes for
 RELEASE_RETRY_WINDOW, then left to an operator with a warning; the tokens are revoked in any case.
 """
 
@@ -38,8 +39,9 @@ def release(session: Session, job: Job) -> None:
     spec = lifecycle.spec_of(job)
     try:
         backend = backends.get_backend(job.backend)
-        if job.status == JobStatus.FAILED:
-            backend.cancel(job.id, job.attempt, spec)
+        if job.status == JobStatus.FAILED and not backend.stop(job.id, job.attempt, spec):
+            session.commit()  # the revocation stands
+            return
         backend.delete_job_resources(job.id, spec)
     except backends.UnknownBackend:
         pass  # nothing was ever launched

@@ -53,6 +53,26 @@ def test_succeeded_says_the_highest_step_the_ranks_reported_their_running_includ
     assert final_step([{"rank": 0, "step": 203}, {"rank": 1, "step": 204}]) == 204
 
 
+def test_a_job_restart_launches_its_next_attempt_once_the_old_one_has_stopped(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """The old attempt's teardown is asked for, not waited on (a pass goes on with other jobs meanwhile); a later
+    pass launches the new attempt once the backend says the old one is gone, so two never run at once."""
+    job = make_job(resiliency={"max_job_restarts": 1, "max_in_job_restarts": 0})
+    supervise(job["id"], force_launch=True)
+    backend.stopping.add(0)
+    backend.statuses[0] = AttemptReading(AttemptPhase.failed, cause=Cause(CauseClass.crash, "exit code 1"))
+    supervise(job["id"])
+    supervise(job["id"])
+    detail = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert detail["attempt"] == 1 and detail["attempts"][1]["status"] == "PENDING"
+    assert backend.cancels == [0] and [r.attempt for r in backend.launches] == [0]
+    backend.stopping.clear()
+    supervise(job["id"])
+    assert [r.attempt for r in backend.launches] == [0, 1]
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["attempts"][1]["status"] == "RUNNING"
+
+
 def test_failure_climbs_to_job_restart_excluding_the_node_then_budget_ends_it(
     admin: TestClient, make_job: Any, backend: ScriptedBackend
 ) -> None:

@@ -193,6 +193,12 @@ class KubernetesBackend:
         text = f"status unknown: the Kubernetes API could not be read ({api_message(exc)}); retrying"
         return AttemptReading(phase=AttemptPhase.pending, cause=Cause(CauseClass.unknown, text))
 
+    def stop(self, job_id: str, attempt: int, spec: JobSpec) -> bool:
+        """`cancel`, which waits for nothing: the kubelet gives the pods their grace and then kills them, and the
+        scheduler counts a terminating pod's resources until it is gone, so a next attempt never shares them."""
+        self.cancel(job_id, attempt, spec)
+        return True
+
     def cancel(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         """Delete the attempt: the Job (its pods, and the Service and Secret it owns, follow) and the Service."""
         name = m.attempt_name(job_id, spec.name, attempt)
