@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -233,6 +234,40 @@ class CpuMeter:
         out["machine"] = (_busy_seconds() - self.machine_before) / elapsed
         out["other"] = max(0.0, out["machine"] - sum(out[n] for n in self.groups) - extra)
         return out
+
+
+class CpuSteps:
+    """Cores used by each of a meter's groups in each step of wall clock (`step_s`, steps aligned on its multiples),
+    sampled by a thread until `stop`: where the load moved between the groups within a run. A process that ended
+    within a step loses that step's share (its last reading is gone with it)."""
+
+    def __init__(self, groups: Mapping[str, Callable[[], Sequence[psutil.Process]]], step_s: float) -> None:
+        self.groups = groups
+        self.step_s = step_s
+        self.steps: dict[int, dict[str, float]] = {}  # step's start (s of wall clock) -> group -> cores
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-steps", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _sample(self) -> dict[str, dict[int, float]]:
+        return {name: CpuMeter._cpu(list(fn())) for name, fn in self.groups.items()}
+
+    def _run(self) -> None:
+        before, since = self._sample(), time.time()
+        while not self._stopped.wait(self.step_s - time.time() % self.step_s):
+            now, at = self._sample(), time.time()
+            step = int(round(at / self.step_s) * self.step_s - self.step_s)  # the step that ends at `at`
+            self.steps[step] = {
+                name: sum(t - before[name].get(pid, 0.0) for pid, t in now[name].items()) / max(at - since, 1e-9)
+                for name in self.groups
+            }
+            before, since = now, at
 
 
 def _busy_seconds() -> float:

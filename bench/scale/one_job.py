@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
-from bench.common import percentile
+from bench.common import CpuSteps, percentile
 from bench.load import LoadResult
 from bench.scale.controlplane import ControlPlane, Window, job_spec
-from bench.scale.counts import keys_carried
+from bench.scale.counts import TIMELINE_S, keys_carried
 from bench.scale.fleet import Fleet
 from bench.scale.loop import LoopWatch
 from bench.scale.params import BUCKETS, Params
@@ -33,11 +33,14 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         watch = LoopWatch()
         watch.start()
         sim = Simulation(p, client, cp, job_id, token, workdir)
+        cores = CpuSteps(sim.window.meter.groups, TIMELINE_S)
+        cores.start()
         try:
             await sim.run()
         finally:
             sim.flag.touch()
             await sim.fleet.collect()
+            cores.stop()
         window = sim.window
         t = time.perf_counter()
         goodput = (await client.get(f"/v1/jobs/{job_id}/goodput")).json()
@@ -59,7 +62,7 @@ async def run_one_job(p: Params, cp: ControlPlane, workdir: Path, baseline: dict
         "aborted": sim.aborted,
         "goodput": goodput_figures(sim, goodput, goodput_ms) if sim.aborted is None else None,
         "faults": [vars(f) | {"at_s": f.injected - sim.launch} for f in sim.faults],
-        "timeline": timeline_figures(sim.fleet, sim.launch),
+        "timeline": timeline_figures(sim.fleet, sim.launch, cores.steps),
     }
     return figures
 
@@ -125,11 +128,14 @@ def cost_ratio(api_us: float, baseline: dict[str, Any]) -> float | None:
     return api_us / baseline["api_us_per_request"] if baseline.get("api_us_per_request") else None
 
 
-def timeline_figures(fleet: Fleet, launch: float) -> list[dict[str, Any]]:
-    """What became of the agents' POSTs, step by step from the launch: [{"at_s": s, what: count, ...}]."""
+def timeline_figures(fleet: Fleet, launch: float, cores: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
+    """What became of the agents' POSTs, step by step from the launch, and the cores each part used in the step:
+    [{"at_s": s, what: count, ..., "cores": {part: cores}}]."""
     steps: dict[int, dict[str, Any]] = {}
     for (at, what), count in sorted(fleet.tally.timeline.items()):
         steps.setdefault(at, {"at_s": at - int(launch)})[what] = count
+    for at, step in steps.items():
+        step["cores"] = cores.get(at, {})
     return list(steps.values())
 
 

@@ -129,11 +129,26 @@ def goals(ingest: dict[str, Any], cpu: dict[str, float], lost: int) -> list[str]
     ]
 
 
+TIMELINE_CORES = ("api", "postgres", "simulator", "worker")
+
+
 def timeline_table(steps: list[dict[str, Any]]) -> str:
-    """The agents' POSTs by step of the timeline (from the launch), where any carried events or failed."""
-    kinds = sorted({k for step in steps for k in step if k != "at_s"}, key=lambda k: (k != "accepted", k))
-    rows = [[step["at_s"], *(step.get(k, 0) for k in kinds)] for step in steps if set(step) - {"at_s", "accepted"}]
-    return table(["s from the launch", *kinds], rows)
+    """The agents' POSTs by step of the timeline (from the launch), where any carried events or failed, and the
+    cores the parts used in the step."""
+    plain = {"at_s", "accepted", "cores"}
+    kinds = sorted(
+        {k for step in steps for k in step if k not in {"at_s", "cores"}}, key=lambda k: (k != "accepted", k)
+    )
+    rows = [
+        [
+            step["at_s"],
+            *(step.get(k, 0) for k in kinds),
+            *(step.get("cores", {}).get(c, math.nan) for c in TIMELINE_CORES),
+        ]
+        for step in steps
+        if set(step) - plain
+    ]
+    return table(["s from the launch", *kinds, *(f"{c} cores" for c in TIMELINE_CORES)], rows)
 
 
 def one_job_report(f: dict[str, Any]) -> str:

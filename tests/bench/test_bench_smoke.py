@@ -81,6 +81,7 @@ def test_scale_smoke(tmp_path: Path) -> None:
     assert f["niceness"] == {"api": 1, "worker": 1, "beat": 1}  # as asked: the simulated nodes' CPU comes first
     accepted = sum(n for step in f["timeline"] for what, n in step.items() if what.startswith("accepted"))
     assert accepted >= f["ingest"]["accepted"]  # the timeline counts every POST, the window's and the last flush's
+    assert any(step["cores"].get("api", 0) > 0 for step in f["timeline"])  # and the cores each part used by step
     paced = f["baseline"]["paced"]  # GET /healthz at the run's report rate: 32 nodes, a report a second each
     assert 16 <= paced["requests_per_s"] <= 40 and f["ingest"]["api_cost_vs_paced_healthz"] > 0
     g = f["goodput"]
