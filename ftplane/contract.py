@@ -93,8 +93,8 @@ NODE_UNHEALTHY = 94  # this node must not be used again: a job restart with the 
 # api/services/ingest/admission.py and lateness.py): two of its report intervals, so that its liveness still
 # arrives well inside its heartbeat timeout (three intervals at least).
 RETRY_AFTER_MAX_INTERVALS = 2
-# How long an agent's last report may take at its exit, at least; a longer interval lengthens it: the longest
-# Retry-After and the 5 s an answer may take.
+# How long an agent's last report may take at its exit, at least; a longer interval lengthens it: the hold below, the
+# longest Retry-After and the 5 s an answer may take.
 EXIT_FLUSH_MIN_S = 10.0
 
 
@@ -103,9 +103,17 @@ def retry_after_max_s(report_interval_s: float) -> float:
     return RETRY_AFTER_MAX_INTERVALS * report_interval_s
 
 
+def last_flush_hold_max_s(report_interval_s: float) -> float:
+    """How long an exiting agent may hold its last report before it sends it (a random part of this): one interval
+    where the job's size lengthened it past 1 s, none at 1 s. Every node of a job exits at once at its end; held, their
+    last reports come at the interval's pace instead of all in one second (trainer/agent/report_buffer.py)."""
+    return report_interval_s if report_interval_s > 1.0 else 0.0
+
+
 def exit_flush_s(report_interval_s: float) -> float:
     """How long a node agent reporting every `report_interval_s` keeps trying to deliver its last report."""
-    return max(EXIT_FLUSH_MIN_S, retry_after_max_s(report_interval_s) + 5.0)
+    longest = last_flush_hold_max_s(report_interval_s) + retry_after_max_s(report_interval_s) + 5.0
+    return max(EXIT_FLUSH_MIN_S, longest)
 
 
 # --- the limits of one report ------------------------------------------------------------------------

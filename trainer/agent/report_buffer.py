@@ -30,6 +30,9 @@ events queued since the last report:
   own, the two would drift into phase, and a liveness handed over just after a report would wait
   a whole interval, to be replaced by the next one before it went. Heartbeats alone (a sender
   given no liveness) go two intervals after the last report;
+- at the agent's exit, what is left is held for a random part of `contract.last_flush_hold_max_s` (one interval
+  past the 1 s interval), then flushed: every node of a job exits at once at its end, and a 16,384-node job's last
+  reports sent in one second were the API's budget for 30 (bench/RESULTS.md, scale, 2026-12-07);
 - 408/425/429/5xx and connection errors are retried with exponential backoff and jitter,
   capped at the larger of `backoff_cap_s` and the interval (a job's size lengthens its interval
   so that its nodes stay within a report budget; a retry must not break it), honouring
@@ -50,7 +53,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ftplane.contract import MAX_EVENTS_PER_REPORT, MAX_HEARTBEATS_PER_REPORT, EventType
+from ftplane.contract import MAX_EVENTS_PER_REPORT, MAX_HEARTBEATS_PER_REPORT, EventType, last_flush_hold_max_s
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 MAX_RETRY_AFTER_S = 60.0
@@ -261,6 +264,16 @@ class ReportBuffer:
     def set_liveness(self, liveness: dict[str, Any]) -> None:
         self.liveness = liveness
         self.liveness_changed = True
+
+    def hold_last_flush(self, now: float, timeout: float) -> float:
+        """At the agent's exit: hold what is left (nothing is sent) for a random part of the hold the interval
+        allows, at most half of `timeout`, the exit's whole bound (the module's rule). Returns the hold (0: nothing
+        left)."""
+        if self.settled_all():
+            return 0.0
+        hold = random.uniform(0, min(last_flush_hold_max_s(self.interval_s), timeout / 2))
+        self.retry_at = max(self.retry_at, now + hold)
+        return hold
 
     # ---- what the next report carries ----
 

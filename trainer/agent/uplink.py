@@ -194,10 +194,15 @@ class Uplink(NodeEvents):
                 self._flushing -= 1
 
     def close(self, timeout: float = 5.0) -> bool:
-        """Flush (bounded), then stop the thread. Returns whether everything was delivered."""
+        """Hold what is left (`ReportBuffer.hold_last_flush`), flush it, then stop the thread; all within `timeout`.
+        Returns whether everything was delivered."""
         if not self.enabled:
             return True
-        delivered = self.flush(timeout)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            hold = self.buffer.hold_last_flush(time.monotonic(), timeout)
+        time.sleep(hold)
+        delivered = self.flush(deadline - time.monotonic())
         if not delivered:
             events, beats = self.pending()
             log.warning("closing with %d event(s) and %d heartbeat(s) undelivered", events, beats)
@@ -346,9 +351,16 @@ class AsyncUplink(NodeEvents):
             self._flushing -= 1
 
     async def close(self, timeout: float = 5.0) -> bool:
-        """Flush (bounded), then stop the task and close the client. Returns whether everything was delivered."""
+        """Hold what is left (`ReportBuffer.hold_last_flush`), flush it, then stop the task and close the client; all
+        within `timeout`. Returns whether everything was delivered."""
         running = self._task is not None and not self._task.done()
-        delivered = await self.flush(timeout) if running else self.buffer.settled_all()
+        if running:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            await asyncio.sleep(self.buffer.hold_last_flush(time.monotonic(), timeout))
+            delivered = await self.flush(deadline - loop.time())
+        else:
+            delivered = self.buffer.settled_all()
         if not delivered:
             events, beats = self.pending()
             log.warning("closing with %d event(s) and %d heartbeat(s) undelivered", events, beats)

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
+from unittest import mock
 
 import httpx
 from fastapi.testclient import TestClient
@@ -267,6 +268,45 @@ def test_flush_skips_the_backoff_wait_and_close_says_when_something_was_not_deli
         assert len(down.bodies) == 2 and uplink.pending() == (1, 0)
 
     run(main)
+
+
+def test_an_exiting_agent_past_the_1_s_interval_holds_its_last_report_then_flushes_it() -> None:
+    """Both drivers: at the 2 s interval close holds what is left for a random part of one interval, at most half
+    of close's bound (3 s here: 1.5 s at most), then flushes it. Each draw is checked against the time the report
+    went. A node's `running` waits for its next liveness (3 s), so nothing goes before the close."""
+    draws: list[float] = []
+    real_hold = ReportBuffer.hold_last_flush
+
+    def hold(buffer: ReportBuffer, now: float, timeout: float) -> float:
+        draws.append(real_hold(buffer, now, timeout))
+        return draws[-1]
+
+    def running(uplink: Uplink | AsyncUplink) -> None:
+        uplink.forward_event({"key": "run:0", "type": "running", "ts": "2026-01-01T00:00:00+00:00", "rank": 0})
+
+    with mock.patch.object(ReportBuffer, "hold_last_flush", hold):
+        threaded = Server()
+        uplink = Uplink(
+            "http://cp", JOB, 0, "secret", "node-a", interval_s=2.0, transport=httpx.MockTransport(threaded.answer)
+        )
+        running(uplink)
+        closed = time.monotonic()
+        assert uplink.close(3.0)
+
+        asynchronous = Server()
+
+        async def main() -> None:
+            uplink = async_uplink(asynchronous, interval_s=2.0)
+            uplink.start()
+            running(uplink)
+            asynchronous.times.insert(0, time.monotonic())  # when close began, kept beside the POST's time
+            assert await uplink.close(3.0)
+
+        run(main)
+    assert 0 <= draws[0] <= 1.5 and 0 <= draws[1] <= 1.5
+    assert threaded.event_keys() == [["run:0"]] and threaded.times[0] - closed >= draws[0] - 0.01
+    began, sent = asynchronous.times
+    assert asynchronous.event_keys() == [["run:0"]] and sent - began >= draws[1] - 0.01
 
 
 def test_fault_directives_in_a_reply_reach_on_faults() -> None:

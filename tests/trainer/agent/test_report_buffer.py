@@ -8,6 +8,9 @@ import json
 import random
 from typing import Any
 
+import pytest
+
+from ftplane import contract
 from ftplane.trainer.agent.report_buffer import Outcome, ReportBuffer
 
 STATUS = {"pid": 10, "launcher": {"pid": 11, "alive": True}, "ranks": [], "progress": "sdk", "healthy": True}
@@ -132,3 +135,25 @@ def test_a_nodes_ranks_running_of_one_run_is_one_event_and_a_sent_event_never_ch
     assert json.dumps(report.events) == sent
     buffer.settle(report, Outcome(ok=True), 1.0)
     assert [e["key"] for e in buffer.take(1.0).events] == ["run:1:1"]
+
+
+def test_at_exit_what_is_left_is_held_for_part_of_the_interval_past_1_s_and_the_exit_bound_covers_it() -> None:
+    now = 1000.0
+    assert ReportBuffer(interval_s=30.0).hold_last_flush(now, 95.0) == 0.0  # nothing left: nothing to hold
+    fast = ReportBuffer(interval_s=1.0)
+    fast.add_event({"key": "k", "type": "rank_failed"}, now=now)
+    assert fast.hold_last_flush(now, 10.0) == 0.0 and fast.due_in(now) == 0.0
+    holds = []
+    for _ in range(200):
+        slow = ReportBuffer(interval_s=30.0)
+        slow.add_event({"key": "k", "type": "rank_failed"}, now=now)
+        hold = slow.hold_last_flush(now, contract.exit_flush_s(30.0))
+        assert slow.due_in(now) == pytest.approx(hold)  # nothing goes before the hold is over
+        holds.append(hold)
+    assert 0 <= min(holds) < 5 and 25 < max(holds) <= 30  # spread over the interval
+    short = ReportBuffer(interval_s=30.0)
+    short.add_event({"key": "k", "type": "rank_failed"}, now=now)
+    assert short.hold_last_flush(now, 10.0) <= 5.0  # never more than half of the exit's bound
+    # the exit's bound: the longest hold, then the longest Retry-After, then an answer's 5 s
+    assert contract.exit_flush_s(30.0) == 30 + contract.retry_after_max_s(30.0) + 5
+    assert contract.exit_flush_s(1.0) == contract.EXIT_FLUSH_MIN_S
