@@ -104,9 +104,10 @@ def retry_after_max_s(report_interval_s: float) -> float:
 
 
 def last_flush_hold_max_s(report_interval_s: float) -> float:
-    """How long an exiting agent may hold its last report before it sends it (a random part of this): one interval
-    where the job's size lengthened it past 1 s, none at 1 s. Every node of a job exits at once at its end; held, their
-    last reports come at the interval's pace instead of all in one second (trainer/agent/report_buffer.py)."""
+    """How long an agent that exits on its own (its launcher ended) may hold its last report before it sends it (a
+    random part of this): one interval where the job's size lengthened it past 1 s, none at 1 s. Every node of a job
+    exits at once at its end; held, their last reports come at the interval's pace instead of all in one second
+    (trainer/agent/report_buffer.py). An agent told to stop does not hold: what replaces it waits for it."""
     return report_interval_s if report_interval_s > 1.0 else 0.0
 
 

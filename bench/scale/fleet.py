@@ -165,12 +165,12 @@ class SimNode:
         self.fleet.tally.ticks -= uncounted
         self.handed = collections.deque((status, at, False) for status, at, _ in self.handed)
 
-    async def close(self, timeout: float) -> bool:
+    async def close(self, timeout: float, hold: bool) -> bool:
         if self.frozen:
             return True
         if self.timer is not None:
             self.timer.cancel()
-        return await self.uplink.close(timeout)
+        return await self.uplink.close(timeout, hold=hold)
 
     async def freeze(self) -> None:
         """The host stops dead: nothing more is sent; what its agent had queued dies with it."""
@@ -255,9 +255,10 @@ class NodeGroup:
         self.nodes[node].network.cut = cut
         self.nodes[node].disturb()
 
-    async def close(self, timeout: float) -> int:
-        """Stop every agent, flushing what it holds (bounded); returns how many left something undelivered."""
-        results = await asyncio.gather(*(node.close(timeout) for node in self.nodes.values()))
+    async def close(self, timeout: float, hold: bool = False) -> int:
+        """Stop every agent, flushing what it holds (bounded; with `hold`, as at the job's end: the agents' exit on
+        their own); returns how many left something undelivered."""
+        results = await asyncio.gather(*(node.close(timeout, hold) for node in self.nodes.values()))
         self.nodes = {}
         return sum(not ok for ok in results)
 
@@ -275,7 +276,7 @@ class Group(Protocol):
     def send_to_all(self, event: dict[str, Any]) -> None: ...
     async def freeze(self, node: int) -> None: ...
     def partition(self, node: int, cut: bool) -> None: ...
-    async def close(self, timeout: float) -> int: ...
+    async def close(self, timeout: float, hold: bool = False) -> int: ...
     async def pending_events(self) -> int: ...
 
 
@@ -347,10 +348,11 @@ class Fleet:
     def partition(self, node: int, cut: bool) -> None:
         self._group(node).partition(node, cut)
 
-    async def close(self, timeout: float = 30.0) -> int:
-        """Stop every agent, flushing what it holds (bounded); returns how many left something undelivered."""
+    async def close(self, timeout: float = 30.0, hold: bool = False) -> int:
+        """Stop every agent, flushing what it holds (bounded; with `hold`, as at the job's end: the agents' exit on
+        their own); returns how many left something undelivered."""
         self.started = False
-        return sum(await asyncio.gather(*(group.close(timeout) for group in self.groups)))
+        return sum(await asyncio.gather(*(group.close(timeout, hold) for group in self.groups)))
 
     async def pending_events(self) -> int:
         return sum(await asyncio.gather(*(group.pending_events() for group in self.groups)))

@@ -82,7 +82,8 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         await asyncio.gather(*silences)
         stepping.cancel()
 
-        await asyncio.gather(*(run.fleet.close(contract.exit_flush_s(p.report_interval_s)) for run in runs))
+        ends = (run.fleet.close(contract.exit_flush_s(p.report_interval_s), hold=True) for run in runs)  # the jobs end
+        await asyncio.gather(*ends)
         for run in runs:
             await run.fleet.collect()
         shard_samples = [sample for run in runs for sample in run.fleet.loop_samples]

@@ -127,8 +127,8 @@ class Shard:
     def partition(self, node: int, cut: bool) -> None:
         self._tell("partition", node, cut)
 
-    async def close(self, timeout: float) -> int:
-        return int(await self._ask("close", timeout))
+    async def close(self, timeout: float, hold: bool = False) -> int:
+        return int(await self._ask("close", timeout, hold))
 
     async def pending_events(self) -> int:
         return int(await self._ask("pending_events"))

@@ -315,8 +315,8 @@ class Simulation:
             self.complete_save(self.pending_save[0])
         self.fleet.measure(False)
         self.window.end()
-        # the ranks exit; each agent sends what it holds (for as long as the product's agent tries), then exits
-        await self.fleet.close(contract.exit_flush_s(self.p.report_interval_s))
+        # the ranks exit; each agent sends what it has left as the product's agent does when its launcher ends
+        await self.fleet.close(contract.exit_flush_s(self.p.report_interval_s), hold=True)
         self.flag.touch()  # the real process exits; ft_launcher exits 0; the supervisor records `succeeded`
         seen = await self.observer.job_until("SUCCEEDED", lambda job: job["status"] == "SUCCEEDED", 120)
         self.truth.add(unblocked, seen.at, "shutdown")

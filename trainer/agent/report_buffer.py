@@ -30,9 +30,10 @@ events queued since the last report:
   own, the two would drift into phase, and a liveness handed over just after a report would wait
   a whole interval, to be replaced by the next one before it went. Heartbeats alone (a sender
   given no liveness) go two intervals after the last report;
-- at the agent's exit, what is left is held for a random part of `contract.last_flush_hold_max_s` (one interval
-  past the 1 s interval), then flushed: every node of a job exits at once at its end, and a 16,384-node job's last
-  reports sent in one second were the API's budget for 30 (bench/RESULTS.md, scale, 2026-12-07);
+- when the agent exits on its own (its launcher ended), what is left is held for a random part of
+  `contract.last_flush_hold_max_s` (one interval past the 1 s interval), then flushed: every node of a job exits
+  at once at its end, and a 16,384-node job's last reports sent in one second were the API's budget for 30
+  (bench/RESULTS.md, scale, 2026-12-07). An agent told to stop sends at once: a job restart waits for it;
 - 408/425/429/5xx and connection errors are retried with exponential backoff and jitter,
   capped at the larger of `backoff_cap_s` and the interval (a job's size lengthens its interval
   so that its nodes stay within a report budget; a retry must not break it), honouring

@@ -193,15 +193,16 @@ class Uplink(NodeEvents):
             finally:
                 self._flushing -= 1
 
-    def close(self, timeout: float = 5.0) -> bool:
-        """Hold what is left (`ReportBuffer.hold_last_flush`), flush it, then stop the thread; all within `timeout`.
-        Returns whether everything was delivered."""
+    def close(self, timeout: float = 5.0, *, hold: bool = False) -> bool:
+        """Flush (with `hold`, after holding what is left: `ReportBuffer.hold_last_flush`), then stop the thread; all
+        within `timeout`. Returns whether everything was delivered."""
         if not self.enabled:
             return True
         deadline = time.monotonic() + timeout
-        with self._cond:
-            hold = self.buffer.hold_last_flush(time.monotonic(), timeout)
-        time.sleep(hold)
+        if hold:
+            with self._cond:
+                held = self.buffer.hold_last_flush(time.monotonic(), timeout)
+            time.sleep(held)
         delivered = self.flush(deadline - time.monotonic())
         if not delivered:
             events, beats = self.pending()
@@ -350,14 +351,15 @@ class AsyncUplink(NodeEvents):
         finally:
             self._flushing -= 1
 
-    async def close(self, timeout: float = 5.0) -> bool:
-        """Hold what is left (`ReportBuffer.hold_last_flush`), flush it, then stop the task and close the client; all
-        within `timeout`. Returns whether everything was delivered."""
+    async def close(self, timeout: float = 5.0, *, hold: bool = False) -> bool:
+        """Flush (with `hold`, after holding what is left: `ReportBuffer.hold_last_flush`), then stop the task and
+        close the client; all within `timeout`. Returns whether everything was delivered."""
         running = self._task is not None and not self._task.done()
         if running:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            await asyncio.sleep(self.buffer.hold_last_flush(time.monotonic(), timeout))
+            if hold:
+                await asyncio.sleep(self.buffer.hold_last_flush(time.monotonic(), timeout))
             delivered = await self.flush(deadline - loop.time())
         else:
             delivered = self.buffer.settled_all()

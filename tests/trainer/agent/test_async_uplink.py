@@ -271,9 +271,10 @@ def test_flush_skips_the_backoff_wait_and_close_says_when_something_was_not_deli
 
 
 def test_an_exiting_agent_past_the_1_s_interval_holds_its_last_report_then_flushes_it() -> None:
-    """Both drivers: at the 2 s interval close holds what is left for a random part of one interval, at most half
-    of close's bound (3 s here: 1.5 s at most), then flushes it. Each draw is checked against the time the report
-    went. A node's `running` waits for its next liveness (3 s), so nothing goes before the close."""
+    """Both drivers: at the 2 s interval a close with `hold` (an agent exiting on its own) holds what is left for a
+    random part of one interval, at most half of close's bound (3 s here: 1.5 s at most), then flushes it. Each draw
+    is checked against the time the report went. A node's `running` waits for its next liveness (3 s), so nothing
+    goes before the close. A close without `hold` (an agent told to stop) holds nothing."""
     draws: list[float] = []
     real_hold = ReportBuffer.hold_last_flush
 
@@ -291,7 +292,7 @@ def test_an_exiting_agent_past_the_1_s_interval_holds_its_last_report_then_flush
         )
         running(uplink)
         closed = time.monotonic()
-        assert uplink.close(3.0)
+        assert uplink.close(3.0, hold=True)
 
         asynchronous = Server()
 
@@ -300,10 +301,16 @@ def test_an_exiting_agent_past_the_1_s_interval_holds_its_last_report_then_flush
             uplink.start()
             running(uplink)
             asynchronous.times.insert(0, time.monotonic())  # when close began, kept beside the POST's time
-            assert await uplink.close(3.0)
+            assert await uplink.close(3.0, hold=True)
 
         run(main)
-    assert 0 <= draws[0] <= 1.5 and 0 <= draws[1] <= 1.5
+        told_to_stop = Server()
+        uplink = Uplink(
+            "http://cp", JOB, 0, "secret", "node-a", interval_s=2.0, transport=httpx.MockTransport(told_to_stop.answer)
+        )
+        running(uplink)
+        assert uplink.close(3.0) and told_to_stop.event_keys() == [["run:0"]]
+    assert len(draws) == 2 and 0 <= draws[0] <= 1.5 and 0 <= draws[1] <= 1.5
     assert threaded.event_keys() == [["run:0"]] and threaded.times[0] - closed >= draws[0] - 0.01
     began, sent = asynchronous.times
     assert asynchronous.event_keys() == [["run:0"]] and sent - began >= draws[1] - 0.01
