@@ -260,13 +260,17 @@ class CpuSteps:
 
     def _run(self) -> None:
         before, since = self._sample(), time.time()
-        while not self._stopped.wait(self.step_s - time.time() % self.step_s):
+        while True:
+            stopped = self._stopped.wait(self.step_s - time.time() % self.step_s)
             now, at = self._sample(), time.time()
-            step = int(round(at / self.step_s) * self.step_s - self.step_s)  # the step that ends at `at`
-            self.steps[step] = {
+            # a sample on time ends its step; the last one, at `stop`, ends part of the step it began in
+            index = math.floor(since / self.step_s) if stopped else round(at / self.step_s) - 1
+            self.steps[int(index * self.step_s)] = {
                 name: sum(t - before[name].get(pid, 0.0) for pid, t in now[name].items()) / max(at - since, 1e-9)
                 for name in self.groups
             }
+            if stopped:
+                return
             before, since = now, at
 
 
