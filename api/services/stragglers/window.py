@@ -10,6 +10,11 @@ window's passes found the rank below and the pass itself found it healthy (the g
 near the threshold from opening and closing episodes pass after pass; a rank slow right now is not cleared),
 when its attempt ends, or when the job restarts without its node.
 
+A job is scored at most every `pass_every_s`: half its report interval (a node's ranks' newest heartbeats change
+once an interval, so a 16,384-node job reporting every 30 s, scored on every 2 s supervision pass, was scored 15
+times on mostly the same rows, ~0.5 s of each pass: bench/RESULTS.md, scale), and often enough that the window
+holds twice MIN_PASSES passes.
+
 The events carry what goodput needs (api/services/goodput/stragglers.py): when the episode began (`onset_s`
 before the detection: its first slow pass in the window), when the rank was last slow (`recovered_s` before
 the clearing), and the fraction of the job's time it cost (`lost_fraction`: the seconds per step the rank is
@@ -74,6 +79,11 @@ class Pass:
     events: list[EventIn] = field(default_factory=list)
 
 
+def pass_every_s(cfg: StragglerSpec, report_interval_s: float) -> float:
+    """The least time between two passes over one job (the module's rule)."""
+    return min(report_interval_s / 2, cfg.window_s / (2 * MIN_PASSES))
+
+
 def watch_of(session: Session, job_id: str) -> JobWatch:
     row = session.get(JobWatch, job_id)
     if row is None:
@@ -108,6 +118,10 @@ def observe(session: Session, job: Job, spec: JobSpec, now: datetime | None = No
         state = {"attempt": job.attempt, "passes": [], "open": {}}
         session.execute(delete(StragglerSample).where(StragglerSample.job_id == job.id))
     episodes = {int(k): Episode.of(v) for k, v in state.get("open", {}).items()}
+    passes = state.get("passes") or []
+    if passes and now.timestamp() - passes[-1] < pass_every_s(cfg, spec.report_interval_s):
+        result.open = list(episodes.values())  # not due: the episodes stand as the last pass left them
+        return result
     scores = score_ranks(rank_rows(session, job, now - timedelta(seconds=FRESH_REPORTS * spec.report_interval_s)))
     result.scores = scores
     if len(scores.ranks) >= 2:

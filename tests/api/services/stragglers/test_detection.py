@@ -199,3 +199,33 @@ def test_episodes_close_when_their_attempt_ends_or_the_job_does(
     assert cleared["details"]["reason"] == "the job is succeeded"
     run_pass(start + timedelta(seconds=42))
     assert len(events_of(admin, job_id, "straggler_cleared")) == 1  # once
+
+
+def test_a_job_is_scored_at_most_every_half_report_interval(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """At a 30 s report interval a node's ranks' heartbeats change once in 30 s: passes every 2 s score the job once
+    in 15 s, and the episodes stand between them."""
+    from api.core.db import session_scope
+    from api.database.tables import JobWatch
+
+    spec = {
+        **SPEC,
+        "progress": {"report_interval_s": 30},
+        "resiliency": {
+            "heartbeat_timeout_s": 90,
+            "initial_heartbeat_timeout_s": 120,
+            "stragglers": {"window_s": 300, "threshold": 0.85},
+        },
+    }
+    job_id = running_job(admin, make_job, **spec)
+    start = past()
+    for t in range(0, 40, 2):
+        now = start + timedelta(seconds=t)
+        beat(admin, job_id, now, {r: 1.5 if r == 5 else 1.0 for r in range(8)}, step=t + 1)
+        run_pass(now)
+    with session_scope() as session:
+        watch = session.get(JobWatch, job_id)
+        assert watch is not None
+        passes = [round(p - start.timestamp()) for p in watch.stragglers["passes"]]
+    assert passes == [0, 16, 32]
