@@ -32,8 +32,9 @@ events queued since the last report:
   given no liveness) go two intervals after the last report;
 - when the agent exits on its own (its launcher ended), what is left is held for a random part of
   `contract.last_flush_hold_max_s` (one interval past the 1 s interval), then flushed: every node of a job exits
-  at once at its end, and a 16,384-node job's last reports sent in one second were the API's budget for 30
-  (bench/RESULTS.md, scale, 2026-12-07). An agent told to stop sends at once: a job restart waits for it;
+  at once at its end, and a 16,384-node job's last reports sent in the same second are 30 s of its report budget
+  (in the scale benchmark's story they lost 10,312 events; held, none: bench/RESULTS.md, scale, 2026-12-07 noon).
+  An agent told to stop sends at once: a job restart waits for it;
 - 408/425/429/5xx and connection errors are retried with exponential backoff and jitter,
   capped at the larger of `backoff_cap_s` and the interval (a job's size lengthens its interval
   so that its nodes stay within a report budget; a retry must not break it), honouring
