@@ -93,8 +93,8 @@ NODE_UNHEALTHY = 94  # this node must not be used again: a job restart with the 
 # api/services/ingest/admission.py and lateness.py): two of its report intervals, so that its liveness still
 # arrives well inside its heartbeat timeout (three intervals at least).
 RETRY_AFTER_MAX_INTERVALS = 2
-# How long an agent's last report may take at its exit, at least; a longer interval lengthens it: the hold below, the
-# longest Retry-After and the 5 s an answer may take.
+# How long an agent's last report may take at its exit, at least; a longer interval lengthens it: the hold below (for
+# an agent that holds), the longest Retry-After and the 5 s an answer may take.
 EXIT_FLUSH_MIN_S = 10.0
 
 
@@ -111,10 +111,11 @@ def last_flush_hold_max_s(report_interval_s: float) -> float:
     return report_interval_s if report_interval_s > 1.0 else 0.0
 
 
-def exit_flush_s(report_interval_s: float) -> float:
-    """How long a node agent reporting every `report_interval_s` keeps trying to deliver its last report."""
-    longest = last_flush_hold_max_s(report_interval_s) + retry_after_max_s(report_interval_s) + 5.0
-    return max(EXIT_FLUSH_MIN_S, longest)
+def exit_flush_s(report_interval_s: float, held: bool = False) -> float:
+    """How long a node agent reporting every `report_interval_s` keeps trying to deliver its last report; `held`:
+    after holding it (an agent that exits on its own). A pod's grace counts an agent told to stop: not held."""
+    hold = last_flush_hold_max_s(report_interval_s) if held else 0.0
+    return max(EXIT_FLUSH_MIN_S, hold + retry_after_max_s(report_interval_s) + 5.0)
 
 
 # --- the limits of one report ------------------------------------------------------------------------

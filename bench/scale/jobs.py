@@ -82,7 +82,7 @@ async def run_jobs(p: Params, cp: ControlPlane, workdir: Path, baseline: dict[st
         await asyncio.gather(*silences)
         stepping.cancel()
 
-        ends = (run.fleet.close(contract.exit_flush_s(p.report_interval_s), hold=True) for run in runs)  # the jobs end
+        ends = (run.fleet.close(contract.exit_flush_s(p.report_interval_s, held=True), hold=True) for run in runs)
         await asyncio.gather(*ends)
         for run in runs:
             await run.fleet.collect()

@@ -316,7 +316,7 @@ class Simulation:
         self.fleet.measure(False)
         self.window.end()
         # the ranks exit; each agent sends what it has left as the product's agent does when its launcher ends
-        await self.fleet.close(contract.exit_flush_s(self.p.report_interval_s), hold=True)
+        await self.fleet.close(contract.exit_flush_s(self.p.report_interval_s, held=True), hold=True)
         self.flag.touch()  # the real process exits; ft_launcher exits 0; the supervisor records `succeeded`
         seen = await self.observer.job_until("SUCCEEDED", lambda job: job["status"] == "SUCCEEDED", 120)
         self.truth.add(unblocked, seen.at, "shutdown")

@@ -173,7 +173,8 @@ class NodeAgent:
         )
         self.uplink.liveness(self._liveness(final_code=code))
         # An agent told to stop does not hold its last report: a job restart waits for it (contract.exit_flush_s).
-        if not self.uplink.close(contract.exit_flush_s(self.config.interval_s), hold=self._signalled is None):
+        holds = self._signalled is None
+        if not self.uplink.close(contract.exit_flush_s(self.config.interval_s, held=holds), hold=holds):
             log.warning("node %s: left with reports undelivered", self.config.node)
         log.info("node %s: launcher exited with %s; agent exits %d", self.config.node, code, status)
         return status

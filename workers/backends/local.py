@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -55,7 +56,12 @@ from workers.backends.base import (
 )
 from workers.backends.local_ports import reserve_port
 
+log = logging.getLogger(__name__)
+
 TERMINATE_GRACE_S = 15.0  # the agents pass SIGTERM on to their launchers, which stop the ranks
+# A process that outlives its SIGKILL this long (stuck in the kernel, or not ours to kill) is left behind with a
+# warning: a stop that never ended would hold a job's next attempt, or its cancellation, for ever.
+KILLED_WAIT_S = 10.0
 
 
 def node_name(index: int) -> str:
@@ -319,8 +325,8 @@ class LocalBackend:
         The first call sends every node's processes SIGCONT (a stopped, hung rank cannot handle SIGTERM), then
         SIGTERM (each agent stops its launcher and ranks, then flushes its last reports), and records in the
         attempt's `stop.json` when, and which processes (pid and start time, so a recycled pid is never hit). A
-        call TERMINATE_GRACE_S after that kills what is left. The record is on disk, so any worker makes the next
-        call."""
+        call TERMINATE_GRACE_S after that kills what is left, and one KILLED_WAIT_S later goes on without what
+        even that left. The record is on disk, so any worker makes the next call."""
         stop_file = self.attempt_dir(job_id, attempt) / "stop.json"
         try:
             record = json.loads(stop_file.read_text())
@@ -332,7 +338,14 @@ class LocalBackend:
         left = [(pgid, alive) for pgid, members in record["groups"] if (alive := _still_running(members))]
         if not left:
             return True
-        if time.time() - record["requested_at"] >= TERMINATE_GRACE_S:
+        waited = time.time() - record["requested_at"]
+        if waited >= TERMINATE_GRACE_S + KILLED_WAIT_S:
+            pids = ", ".join(str(pid) for _, alive in left for pid in alive)
+            log.warning(
+                "job %s attempt %d: process(es) %s outlived SIGKILL; going on without them", job_id, attempt, pids
+            )
+            return True
+        if waited >= TERMINATE_GRACE_S:
             for pgid, alive in left:
                 leader_alive = any(pid == pgid for pid in alive)  # else its group id may be another's by now
                 self._signal_group(pgid if leader_alive else None, alive, signal.SIGKILL)

@@ -147,13 +147,14 @@ def test_at_exit_what_is_left_is_held_for_part_of_the_interval_past_1_s_and_the_
     for _ in range(200):
         slow = ReportBuffer(interval_s=30.0)
         slow.add_event({"key": "k", "type": "rank_failed"}, now=now)
-        hold = slow.hold_last_flush(now, contract.exit_flush_s(30.0))
+        hold = slow.hold_last_flush(now, contract.exit_flush_s(30.0, held=True))
         assert slow.due_in(now) == pytest.approx(hold)  # nothing goes before the hold is over
         holds.append(hold)
     assert 0 <= min(holds) < 5 and 25 < max(holds) <= 30  # spread over the interval
     short = ReportBuffer(interval_s=30.0)
     short.add_event({"key": "k", "type": "rank_failed"}, now=now)
     assert short.hold_last_flush(now, 10.0) <= 5.0  # never more than half of the exit's bound
-    # the exit's bound: the longest hold, then the longest Retry-After, then an answer's 5 s
-    assert contract.exit_flush_s(30.0) == 30 + contract.retry_after_max_s(30.0) + 5
-    assert contract.exit_flush_s(1.0) == contract.EXIT_FLUSH_MIN_S
+    # the exit's bound: the longest hold (for an agent that holds), then the longest Retry-After, then an answer's 5 s
+    assert contract.exit_flush_s(30.0, held=True) == 30 + contract.retry_after_max_s(30.0) + 5
+    assert contract.exit_flush_s(30.0) == contract.retry_after_max_s(30.0) + 5  # told to stop: no hold
+    assert contract.exit_flush_s(1.0, held=True) == contract.EXIT_FLUSH_MIN_S

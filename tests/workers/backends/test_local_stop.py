@@ -96,3 +96,23 @@ def test_a_recorded_process_whose_pid_was_recycled_is_gone_and_left_alone(
 def test_an_attempt_with_nothing_running_is_stopped_at_once(backend: LocalBackend) -> None:
     assert backend.stop("j", 7, SPEC) is True
     assert not backend.attempt_dir("j", 7).exists()  # a stop of nothing leaves nothing behind
+
+
+def test_a_process_that_outlives_its_kill_is_left_behind_with_a_warning(
+    backend: LocalBackend,
+    node_process: subprocess.Popen[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Stuck in the kernel (here: its kill never arrives): the stop goes on without it rather than hold the job's
+    next attempt for ever."""
+    monkeypatch.setattr(LocalBackend, "_signal_group", staticmethod(lambda pgid, members, sig: None))
+    assert backend.stop("j", 0, SPEC) is False
+    record = stop_record(backend)
+    record["requested_at"] = time.time() - local.TERMINATE_GRACE_S  # the kill is due (and, here, lost)
+    (backend.attempt_dir("j", 0) / "stop.json").write_text(json.dumps(record))
+    assert backend.stop("j", 0, SPEC) is False and node_process.poll() is None
+    record["requested_at"] = time.time() - local.TERMINATE_GRACE_S - local.KILLED_WAIT_S
+    (backend.attempt_dir("j", 0) / "stop.json").write_text(json.dumps(record))
+    assert backend.stop("j", 0, SPEC) is True and node_process.poll() is None
+    assert f"process(es) {node_process.pid} outlived SIGKILL" in caplog.text
