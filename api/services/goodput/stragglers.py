@@ -4,7 +4,7 @@ An episode runs from its onset (its `straggler_detected` time less `onset_s`: th
 that found the rank slow) to its end (the `straggler_cleared` of the same episode, less `recovered_s`: the
 last pass that found it slow; else the end of wall time). While it runs the job loses the episode's
 `lost_fraction` of its time: the straggler's extra seconds per step over the job's seconds per step then
-(api/services/stragglers/window.py). Overlapping episodes lose the largest of their fractions, not the sum:
+(api/services/stragglers/episodes.py). Overlapping episodes lose the largest of their fractions, not the sum:
 the ranks of a synchronous job wait for the slowest one alone.
 
 That share of the productive time inside an episode is relabelled `straggler` (at the start of each stretch);

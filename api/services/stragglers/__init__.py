@@ -8,7 +8,8 @@ workers/supervision/detect_stragglers.py; the time episodes cost is goodput's `s
 (api/services/goodput/stragglers.py).
 """
 
+from api.services.stragglers.episodes import Episode
 from api.services.stragglers.scoring import RankRow, RankScore, Scores, score_ranks
-from api.services.stragglers.window import Episode, Pass, close, end_watch, observe
+from api.services.stragglers.window import Pass, close, end_watch, observe
 
 __all__ = ["Episode", "Pass", "RankRow", "RankScore", "Scores", "close", "end_watch", "observe", "score_ranks"]

@@ -26,46 +26,29 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 
 from api.database.tables import Job, JobWatch, RankLiveness, StragglerSample
-from api.schemas.causes import Cause, CauseClass
-from api.schemas.events import EventIn, EventType, utcnow
+from api.schemas.events import EventIn, utcnow
 from api.schemas.resiliency import StragglerSpec
 from api.schemas.spec import JobSpec
-from api.services.stragglers.scoring import STEP_TIME, RankRow, Scores, score_ranks
-
-T = TypeVar("T")
+from api.services.stragglers.episodes import (
+    Episode,
+    cleared_event,
+    close_all,
+    detected_event,
+    end_of,
+    lost_fraction,
+    onset_of,
+)
+from api.services.stragglers.scoring import RankRow, Scores, score_ranks
 
 MIN_PASSES = 5  # fewer passes in the window than this never open an episode
 FRESH_REPORTS = 3  # a rank is scored while its newest heartbeat is this many report intervals old at most
-
-
-@dataclass
-class Episode:
-    """An open episode, as the watch keeps it (JSON)."""
-
-    rank: int
-    attempt: int
-    key: str  # the straggler_detected event's
-    detected: float  # epoch seconds
-    onset: float
-    node: str | None
-    score: float
-    slowdown_s: float | None
-    lost_fraction: float
-    decision: str | None = None  # what the action did not do, and why (action exclude)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    @classmethod
-    def of(cls, value: dict[str, Any]) -> Episode:
-        return cls(**{k: value[k] for k in cls.__dataclass_fields__ if k in value})
 
 
 @dataclass
@@ -114,7 +97,7 @@ def observe(session: Session, job: Job, spec: JobSpec, now: datetime | None = No
     state = dict(watch.stragglers or {})
     result = Pass(scores=None)
     if state.get("attempt") != job.attempt:
-        result.closed, result.events = _close_all(state, "its attempt ended", now)
+        result.closed, result.events = close_all(state, "its attempt ended", now)
         state = {"attempt": job.attempt, "passes": [], "open": {}}
         session.execute(delete(StragglerSample).where(StragglerSample.job_id == job.id))
     episodes = {int(k): Episode.of(v) for k, v in state.get("open", {}).items()}
@@ -129,10 +112,10 @@ def observe(session: Session, job: Job, spec: JobSpec, now: datetime | None = No
         opened, closed = _judge(session, job, cfg, state, scores, episodes, now)
         for episode in opened:
             episodes[episode.rank] = episode
-            result.events.append(_detected(job, cfg, scores, episode, now))
+            result.events.append(detected_event(job, cfg, scores, episode, now))
         for episode, last_slow in closed:
             del episodes[episode.rank]
-            result.events.append(_cleared(episode, "recovered", now, last_slow))
+            result.events.append(cleared_event(episode, "recovered", now, last_slow))
         result.opened, result.closed = opened, result.closed + [e for e, _ in closed]
         state["lowest"] = scores.lowest
         state["signal"] = scores.signal
@@ -152,7 +135,7 @@ def close(session: Session, job: Job, episodes: list[Episode], why: str, now: da
     events = []
     for episode in episodes:
         if open_.pop(str(episode.rank), None) is not None:
-            events.append(_cleared(episode, why, now, None))
+            events.append(cleared_event(episode, why, now, None))
     state["open"] = open_
     _save(watch, state, now)
     return events
@@ -168,7 +151,7 @@ def end_watch(session: Session, job: Job, now: datetime | None = None) -> list[E
         return []
     state = dict(watch.stragglers)
     reason = "its attempt ended" if state.get("attempt") != job.attempt else f"the job is {job.status.lower()}"
-    _, events = _close_all(state, reason, now)
+    _, events = close_all(state, reason, now)
     state["open"] = {}
     _save(watch, state, now)
     return events
@@ -284,106 +267,6 @@ def _episode(
         slowdown_s=round(slowdown, 6) if slowdown is not None else None,
         lost_fraction=round(lost_fraction(scores, window_median, slowdown, pace), 4),
     )
-
-
-def onset_of(passes: list[float], slow: list[float]) -> float:
-    """When the rank began to straggle: where the window's passes split best into before and a slow stretch to
-    now (the pass from which on slow passes outnumber healthy ones by the most: a hiccup followed by healthy
-    passes is not the start)."""
-    return _split(list(reversed(passes)), slow, default=max(slow))
-
-
-def end_of(passes: list[float], slow: list[float]) -> float | None:
-    """When the rank was last straggling: the pass up to which the window's slow passes outnumber its healthy
-    ones by the most (a hiccup after it recovered is not the end); None when the window holds no slow pass."""
-    return _split(passes, slow, default=None) if slow else None
-
-
-def _split(passes: list[float], slow: list[float], default: T) -> float | T:
-    found = {round(t, 3) for t in slow}
-    best, lead = 0, 0
-    at: float | T = default
-    for t in passes:
-        lead += 1 if round(t, 3) in found else -1
-        if lead > best:
-            best, at = lead, t
-    return at
-
-
-def lost_fraction(scores: Scores, score: float, slowdown_s: float | None, pace_s: float | None) -> float:
-    """The part of the job's time the straggler costs: its extra seconds per step over the job's seconds per step
-    while it straggles. With the own-work signal (synchronous training) the job's measured step time already
-    includes the wait for it; with step times, the straggler's own step time is the slow pace. Without seconds
-    (NVRx's score alone): 1 - score."""
-    if slowdown_s is None or slowdown_s <= 0:
-        return max(0.0, min(1.0, 1.0 - score)) if slowdown_s is None else 0.0
-    slow_step = pace_s if scores.signal == STEP_TIME else scores.step_time_s
-    if not slow_step or slow_step <= 0:
-        return max(0.0, min(1.0, 1.0 - score))
-    return max(0.0, min(1.0, slowdown_s / max(slow_step, slowdown_s)))
-
-
-def _detected(job: Job, cfg: StragglerSpec, scores: Scores, episode: Episode, now: datetime) -> EventIn:
-    where = f" on node {episode.node}" if episode.node else ""
-    slower = f": {episode.slowdown_s:.3g} s per step slower" if episode.slowdown_s is not None else ""
-    cause = Cause(
-        CauseClass.straggler,
-        f"rank {episode.rank}{where} ran at {episode.score:.2f} of the job's pace over the last {cfg.window_s:g} s "
-        f"(threshold {cfg.threshold:g}){slower}",
-        {"rank": episode.rank, **({"node": episode.node} if episode.node else {})},
-    )
-    step = next((r.step for r in scores.ranks if r.rank == episode.rank), None)
-    return EventIn(
-        key=episode.key,
-        type=EventType.straggler_detected,
-        ts=now,
-        attempt=job.attempt,
-        rank=episode.rank,
-        node=episode.node,
-        step=step,
-        details={
-            **cause.details(),
-            "episode": episode.key,
-            "score": episode.score,
-            "node_score": round(scores.nodes[episode.node], 4) if episode.node in scores.nodes else None,
-            "threshold": cfg.threshold,
-            "window_s": cfg.window_s,
-            "slowdown_s": episode.slowdown_s,
-            "job_step_s": round(scores.step_time_s, 6) if scores.step_time_s is not None else None,
-            "signal": scores.signal,
-            "lost_fraction": episode.lost_fraction,
-            "onset_s": round(max(0.0, episode.detected - episode.onset), 3),
-            "action": cfg.action,
-        },
-    )
-
-
-def _cleared(episode: Episode, why: str, now: datetime, last_slow: float | None) -> EventIn:
-    t = now.timestamp()
-    ended = last_slow if last_slow is not None else t
-    where = f" on node {episode.node}" if episode.node else ""
-    details: dict[str, Any] = {
-        "cause": f"rank {episode.rank}{where} straggles no more: {why}",
-        "reason": why,
-        "episode": episode.key,
-        "lasted_s": round(max(0.0, ended - episode.onset), 3),
-        "recovered_s": round(max(0.0, t - ended), 3),
-        "rank": episode.rank,
-    }
-    return EventIn(
-        key=f"straggler_cleared:{episode.key}",
-        type=EventType.straggler_cleared,
-        ts=now,
-        attempt=episode.attempt,
-        rank=episode.rank,
-        node=episode.node,
-        details=details,
-    )
-
-
-def _close_all(state: dict[str, Any], why: str, now: datetime) -> tuple[list[Episode], list[EventIn]]:
-    episodes = [Episode.of(v) for v in state.get("open", {}).values()]
-    return episodes, [_cleared(e, why, now, None) for e in episodes]
 
 
 def _epoch(ts: datetime | str) -> float:

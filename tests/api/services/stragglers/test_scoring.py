@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from api.services.stragglers.episodes import end_of, lost_fraction, onset_of
 from api.services.stragglers.scoring import COMPUTE, STEP_TIME, RankRow, median_without, score_ranks
-from api.services.stragglers.window import end_of, lost_fraction, onset_of
 
 
 def test_two_ranks_each_against_the_other() -> None:
