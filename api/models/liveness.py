@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from functools import cache
 from typing import Any, Protocol
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import ColumnElement, String, Subquery, and_, case, cast, delete, func, literal, null, select, text
 from sqlalchemy.orm import Session
 
 from api.database.tables import RankLiveness
@@ -99,29 +101,137 @@ def max_step(session: Session, job_id: str, attempt: int) -> int | None:
     )
 
 
-class QuietRank(Protocol):
-    """What the silent-rank duty reads of a quiet rank: a row of four columns, not a mapped object (a job-wide hang
-    is 131,072 of them)."""
+class QuietKind(StrEnum):
+    """Which timeout holds a quiet rank to: the heartbeat timeout, or the initial one where it is expected to be
+    quiet a while."""
+
+    running = "running"
+    finishing = "finishing"  # it reported the run's last step
+    restarting = "restarting"  # quiet since before a restart of the attempt began
+
+
+class Verdict(StrEnum):
+    silent = "silent"
+    recovering = "recovering"  # silent for the timeout when a restart began: hung, and the launcher has it
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The cut-offs the silent-rank duty judges quiet ranks by, in SQL (a job-wide hang is 131,072 ranks): a rank of
+    a kind is silent when its last beat is older than that kind's `silent_before` (None: none is); a restarting rank
+    not silent yet whose last beat is at or before `hung_by` was hung when the restart began."""
+
+    restarting_since: datetime | None
+    finishing_step: int | None
+    silent_before: Mapping[QuietKind, datetime | None]
+    hung_by: datetime | None
+
+    def quiet_before(self) -> datetime | None:
+        """The latest last beat any verdict may fall on: the rows older than it are the only ones read."""
+        return max((at for at in (*self.silent_before.values(), self.hung_by) if at is not None), default=None)
+
+
+class SilentGroup(Protocol):
+    """The silent ranks of one node (a rank without a node is its own group) of one kind and verdict: how many, and
+    the oldest last beat among them. A row, not a mapped object (a job-wide hang is 16,384 of them)."""
 
     @property
-    def rank(self) -> int: ...
+    def node(self) -> str | None: ...
+    @property
+    def rank(self) -> int | None: ...  # of a group without a node
+    @property
+    def kind(self) -> str: ...  # a QuietKind
+    @property
+    def verdict(self) -> str: ...  # a Verdict
+    @property
+    def ranks(self) -> int: ...
+    @property
+    def earliest(self) -> datetime: ...
+
+
+class SilentLead(Protocol):
+    """The longest-silent rank of a node's silent ranks of one verdict (the lowest rank among equals), with every
+    silent rank of the group: a row of the columns the silent-rank duty reads."""
+
     @property
     def node(self) -> str | None: ...
+    @property
+    def rank(self) -> int: ...
     @property
     def step(self) -> int: ...
     @property
     def last_seen(self) -> datetime: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def listed(self) -> str: ...  # the group's ranks, comma-separated, in no order
 
 
-def stale_ranks(session: Session, job_id: str, attempt: int, older_than: datetime) -> Sequence[QuietRank]:
-    rows = session.execute(
-        select(RankLiveness.rank, RankLiveness.node, RankLiveness.step, RankLiveness.last_seen).where(
-            RankLiveness.job_id == job_id,
-            RankLiveness.attempt == attempt,
-            RankLiveness.last_seen < older_than,
-        )
+def _judged(job_id: str, attempt: int, judgement: Judgement) -> Subquery | None:
+    """The attempt's rank rows past `quiet_before`, each with its kind and verdict (NULL: neither)."""
+    quiet_before = judgement.quiet_before()
+    if quiet_before is None:
+        return None
+    kinds: list[tuple[ColumnElement[bool], str]] = []
+    if judgement.restarting_since is not None:
+        kinds.append((RankLiveness.last_seen < judgement.restarting_since, QuietKind.restarting.value))
+    if judgement.finishing_step is not None:
+        kinds.append((RankLiveness.step >= judgement.finishing_step, QuietKind.finishing.value))
+    kind = case(*kinds, else_=literal(QuietKind.running.value)) if kinds else literal(QuietKind.running.value)
+    quiet = (
+        select(RankLiveness.node, RankLiveness.rank, RankLiveness.step, RankLiveness.last_seen, kind.label("kind"))
+        .where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt, RankLiveness.last_seen < quiet_before)
+        .subquery()
     )
-    return rows.all()
+    verdicts: list[tuple[ColumnElement[bool], str]] = [
+        (and_(quiet.c.kind == k.value, quiet.c.last_seen < before), Verdict.silent.value)
+        for k, before in judgement.silent_before.items()
+        if before is not None
+    ]
+    if judgement.hung_by is not None:
+        hung = and_(quiet.c.kind == QuietKind.restarting.value, quiet.c.last_seen <= judgement.hung_by)
+        verdicts.append((hung, Verdict.recovering.value))
+    if not verdicts:
+        return None
+    judged = select(quiet, case(*verdicts, else_=null()).label("verdict")).subquery()
+    return select(judged).where(judged.c.verdict.is_not(None)).subquery()
+
+
+def silent_groups(session: Session, job_id: str, attempt: int, judgement: Judgement) -> Sequence[SilentGroup]:
+    """The silent ranks counted per node, kind and verdict in the database: a job-wide hang is 16,384 rows, not
+    131,072."""
+    judged = _judged(job_id, attempt, judgement)
+    if judged is None:
+        return []
+    nodeless_rank = case((judged.c.node.is_(None), judged.c.rank))
+    query = select(
+        judged.c.node,
+        nodeless_rank.label("rank"),
+        judged.c.kind,
+        judged.c.verdict,
+        func.count().label("ranks"),
+        func.min(judged.c.last_seen).label("earliest"),
+    ).group_by(judged.c.node, nodeless_rank, judged.c.kind, judged.c.verdict)
+    return session.execute(query).all()
+
+
+def silent_leads(session: Session, job_id: str, attempt: int, judgement: Judgement) -> Sequence[SilentLead]:
+    """The lead of each group of a node's silent ranks, and each silent rank without a node (its own lead)."""
+    judged = _judged(job_id, attempt, judgement)
+    if judged is None:
+        return []
+    group = (judged.c.node, case((judged.c.node.is_(None), judged.c.rank)), judged.c.verdict)
+    leads = (
+        select(
+            judged,
+            func.row_number().over(partition_by=group, order_by=(judged.c.last_seen, judged.c.rank)).label("place"),
+            func.aggregate_strings(cast(judged.c.rank, String), ",").over(partition_by=group).label("listed"),
+        )
+    ).subquery()
+    columns = (leads.c[name] for name in ("node", "rank", "step", "last_seen", "kind", "verdict", "listed"))
+    return session.execute(select(*columns).where(leads.c.place == 1)).all()
 
 
 def forget_attempt(session: Session, job_id: str, attempt: int) -> None:

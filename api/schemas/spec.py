@@ -84,6 +84,8 @@ class CheckpointSpec(StrictModel):
 
 MAX_LOG_PATTERN = 512
 MAX_LOCAL_NODES = 8
+# 131,072 GPUs at 8 a node: the largest training runs' size, which bench.scale measures the control plane at.
+MAX_NODES = 16_384
 # Node reports per second one job may send: past that many nodes, each node reports less often.
 REPORTS_PER_JOB_S = 256
 MAX_REPORT_INTERVAL_S = 30.0
@@ -192,7 +194,7 @@ class JobSpec(StrictModel):
         "an existing directory on the control plane's host (the CLI makes a relative one absolute against the "
         "directory it runs in); default: a directory of the job's own under the data dir, kept across its restarts.",
     )
-    nodes: int = Field(default=1, ge=1, le=4096)
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES)
     procs_per_node: int = Field(default=1, ge=1, le=64)
     resources: Resources = Field(default_factory=Resources)
     env: dict[EnvName, Annotated[str, StringConstraints(max_length=8192)]] = Field(
@@ -265,8 +267,8 @@ class JobSpec(StrictModel):
                 "resiliency.stragglers.action exclude needs resiliency.exclude_failed_nodes: true (a restart on the "
                 "same node would not help)"
             )
-        if self.nodes + self.resiliency.spare_nodes > 4096:
-            raise ValueError("nodes + resiliency.spare_nodes must be at most 4096")
+        if self.nodes + self.resiliency.spare_nodes > MAX_NODES:
+            raise ValueError(f"nodes + resiliency.spare_nodes must be at most {MAX_NODES}")
         for i, fault in enumerate(self.faults):
             if fault.rank >= self.world_size:
                 raise ValueError(f"faults[{i}].rank {fault.rank} is outside the job's {self.world_size} ranks")

@@ -182,7 +182,7 @@ def test_inconsistent_kubernetes_fields_say_what_is_wrong(
             "secret_env.HF_TOKEN: also in env",
         ),
         (k8s(secret_env={"FTPLANE_TOKEN": {"secret": "s", "key": "k"}}), "secret_env.FTPLANE_TOKEN"),
-        (k8s(nodes=4090, resiliency={"spare_nodes": 8}), "nodes + resiliency.spare_nodes must be at most 4096"),
+        (k8s(nodes=16380, resiliency={"spare_nodes": 8}), "nodes + resiliency.spare_nodes must be at most 16384"),
         (tiny_spec(queue="team-a"), "queue: only the kubernetes backend"),
         (tiny_spec(scheduling={"zone": "us-west-2a"}), "scheduling: only the kubernetes backend"),
         (tiny_spec(resiliency={"spare_nodes": 1}), "resiliency.spare_nodes: only the kubernetes backend"),

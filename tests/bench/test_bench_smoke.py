@@ -1,6 +1,6 @@
 """Each benchmark script in bench/ end to end with tiny parameters, so the scripts cannot rot (not a measurement):
-recovery, ingest, detect, scale, k8s_status, agent, agent_logs, stragglers, fleet_goodput, and gpu's efficiency
-section (the one that runs without CUDA)."""
+recovery, ingest, detect, scale, k8s_status, agent, agent_logs, stragglers, silent_ranks, fleet_goodput, and
+gpu's efficiency section (the one that runs without CUDA)."""
 
 from __future__ import annotations
 
@@ -150,6 +150,20 @@ def test_stragglers_smoke(tmp_path: Path) -> None:
     clean, slowed = json.loads(out.read_text())
     assert clean["false_episodes"] == 0 and clean["episodes"] == [] and clean["passes"] == 21
     assert slowed["detected_rank"] == slowed["slowed_rank"] and 0 < slowed["detection_s"] <= 20
+
+
+def test_silent_ranks_smoke(tmp_path: Path) -> None:
+    """8 nodes of 4 ranks, 2 passes a scenario: the restarting job records nothing, the hung one a hang per node
+    on its first pass and nothing more on the next."""
+    from bench import silent_ranks
+
+    out = tmp_path / "silent_ranks.json"
+    argv = ["--nodes", "8", "--procs", "4", "--passes", "2", "--json", str(out)]
+    argv += ["--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL")]
+    assert silent_ranks.main(argv) == 0
+    restarting, hung = json.loads(out.read_text())
+    assert (restarting["events_after_all"], hung["events_after_first"], hung["events_after_all"]) == (0, 8, 8)
+    assert restarting["ranks"] == hung["ranks"] == 32 and len(hung["pass_s"]) == 2
 
 
 def test_auth_smoke(tmp_path: Path) -> None:

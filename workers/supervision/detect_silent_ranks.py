@@ -21,11 +21,15 @@ other) but not escalated: the launcher is recovering it.
 A rank that reported the run's last step is finishing (its last checkpoint, the process
 group's teardown, the exit), which on a loaded node takes longer than a step: it too gets
 the initial timeout, counted from its last beat. A rank that hangs on its way out is still found.
+
+The database applies the rule to every rank (`Deadlines.judgement`: a job-wide hang is 131,072 of them) and
+hands back one row per node; a hang's ranks are read, one row per node, only the pass it is new.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -33,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from api import models
 from api.database.tables import Attempt, Job
-from api.models.liveness import QuietRank
+from api.models.liveness import QuietKind, SilentGroup, SilentLead, Verdict
 from api.schemas.causes import Cause, CauseClass
 from api.schemas.events import EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
@@ -76,6 +80,39 @@ def check(session: Session, job: Job) -> None:
     lifecycle.attempt_failed(session, job, attempt, lifecycle.Failure(cause, silence.nodes))
 
 
+@dataclass(frozen=True)
+class Deadlines:
+    """When a quiet rank is silent: its last beat plus the heartbeat timeout; a finishing rank's plus the initial
+    timeout; a restarting rank's is the restart's start plus the initial timeout, whenever it last beat."""
+
+    now: datetime
+    timeout: timedelta
+    initial: timedelta
+    restarting_since: datetime | None
+
+    def of(self, kind: str, last_seen: datetime) -> datetime:
+        if kind == QuietKind.restarting:
+            assert self.restarting_since is not None
+            return self.restarting_since + self.initial
+        return last_seen + self._allowed(kind)
+
+    def _allowed(self, kind: str) -> timedelta:
+        return self.initial if kind == QuietKind.finishing else self.timeout
+
+    def judgement(self, finishing_step: int | None) -> models.liveness.Judgement:
+        """The same rule as cut-offs on the last beat, for the database to apply to every rank."""
+        silent_before: dict[QuietKind, datetime | None] = {
+            kind: self.now - self._allowed(kind) for kind in (QuietKind.running, QuietKind.finishing)
+        }
+        hung_by = None
+        if self.restarting_since is not None:
+            overdue = self.of(QuietKind.restarting, self.restarting_since) < self.now
+            silent_before[QuietKind.restarting] = self.restarting_since if overdue else None
+            # quiet for the timeout when the restart began, as the launcher counts it
+            hung_by = self.restarting_since - self.timeout + timedelta(seconds=HUNG_BEFORE_RESTART_TOLERANCE_S)
+        return models.liveness.Judgement(self.restarting_since, finishing_step, silent_before, hung_by)
+
+
 def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:
     now = utcnow()
     timeout = spec.resiliency.heartbeat_timeout_s
@@ -85,79 +122,60 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
             return detect_silent_nodes(session, job, attempt, spec)
         return _never_heard(session, job, attempt, spec, "no heartbeat from any rank")
     restarting_since = models.events.latest_ts(session, job.id, job.attempt, RESTART_MARKERS)
-
-    def restarting(rank: QuietRank) -> bool:
-        return restarting_since is not None and restarting_since > rank.last_seen
-
-    def hung_before_restart(rank: QuietRank) -> bool:
-        assert restarting_since is not None
-        return (restarting_since - rank.last_seen).total_seconds() >= timeout - HUNG_BEFORE_RESTART_TOLERANCE_S
-
-    total_steps = job.total_steps
-    # per rank, for every quiet rank of a job-wide hang (131,072): the spans are made once
-    restarted_deadline = restarting_since + timedelta(seconds=initial) if restarting_since is not None else None
-    timeout_span, initial_span = timedelta(seconds=timeout), timedelta(seconds=initial)
-
-    def finishing(rank: QuietRank) -> bool:
-        return total_steps is not None and rank.step >= total_steps
-
-    def deadline(rank: QuietRank) -> datetime:
-        if restarted_deadline is not None and restarting(rank):
-            return restarted_deadline
-        return rank.last_seen + (initial_span if finishing(rank) else timeout_span)
-
-    # Only ranks quiet for the shorter of the two timeouts can be silent: read those alone (a 16k-rank job's
-    # rows are not loaded every pass), and skip the silences already recorded (their keys are stored).
-    shortest = min(timeout, initial)
-    quiet_ranks = models.liveness.stale_ranks(session, job.id, job.attempt, now - timedelta(seconds=shortest))
-    due = [(r, deadline(r)) for r in quiet_ranks]
-    silent = [r for r, at in due if at < now]
-    hung_then_restarted = [r for r, at in due if at >= now and restarting(r) and hung_before_restart(r)]
-    if not silent and not hung_then_restarted:
+    deadlines = Deadlines(now, timedelta(seconds=timeout), timedelta(seconds=initial), restarting_since)
+    # The database judges every rank (a job-wide hang is 131,072) and counts them per node.
+    judgement = deadlines.judgement(job.total_steps)
+    groups = models.liveness.silent_groups(session, job.id, job.attempt, judgement)
+    if not groups:
         return None
 
-    def cause(rank: QuietRank, recovering: bool) -> str:
-        quiet = (now - rank.last_seen).total_seconds()
-        if recovering:
+    def cause(lead: SilentLead) -> str:
+        quiet = (now - lead.last_seen).total_seconds()
+        if lead.verdict == Verdict.recovering:
             assert restarting_since is not None
-            before = (restarting_since - rank.last_seen).total_seconds()
+            before = (restarting_since - lead.last_seen).total_seconds()
             return (
-                f"no heartbeat for {before:.1f} s (timeout {timeout:g} s) at step {rank.step} when a restart "
+                f"no heartbeat for {before:.1f} s (timeout {timeout:g} s) at step {lead.step} when a restart "
                 "began: the launcher is recovering it"
             )
-        if restarting(rank):
+        if lead.kind == QuietKind.restarting:
             assert restarting_since is not None
             return (
                 f"no heartbeat {(now - restarting_since).total_seconds():.1f} s after a restart began "
-                f"(initial timeout {initial:g} s); last step {rank.step}"
+                f"(initial timeout {initial:g} s); last step {lead.step}"
             )
-        if finishing(rank):
+        if lead.kind == QuietKind.finishing:
             return (
-                f"no heartbeat for {quiet:.1f} s after the run's last step {rank.step} (initial timeout {initial:g} s)"
+                f"no heartbeat for {quiet:.1f} s after the run's last step {lead.step} (initial timeout {initial:g} s)"
             )
-        return f"no heartbeat for {quiet:.1f} s (timeout {timeout:g} s) at step {rank.step}"
+        return f"no heartbeat for {quiet:.1f} s (timeout {timeout:g} s) at step {lead.step}"
 
     recorded = models.events.keys_of_type(session, job.id, job.attempt, EventType.hang_detected.value)
-    events = []
-    for recovering, ranks in ((False, silent), (True, hung_then_restarted)):
-        for hung in hangs(ranks):
-            lead = hung[0]
-            key = f"hang:a{job.attempt}:r{lead.rank}:t{int(lead.last_seen.timestamp() * 1000)}"
-            if key in recorded:
+    keyed = ((hang.key(job.attempt), hang) for hang in hangs(groups))
+    new = [(key, hang) for key, hang in keyed if key not in recorded]
+    if new:  # each hang's lead and ranks are read (one row per hang)
+        leads = models.liveness.silent_leads(session, job.id, job.attempt, judgement)
+        lead_of = {(_group(lead.node, lead.rank), lead.verdict): lead for lead in leads}
+        events = []
+        for key, hang in new:
+            lead = lead_of.get((_group(hang.node, hang.rank), hang.verdict))
+            if lead is None:  # it beat again since it was counted
                 continue
             quiet = round((now - lead.last_seen).total_seconds(), 3)
-            text = cause(lead, recovering)
-            if len(hung) > 1:
-                text = f"{len(hung)} ranks of node {lead.node} silent, rank {lead.rank} the longest: {text}"
-            ranks_of_node = sorted(r.rank for r in hung) if len(hung) > 1 else None
-            events.append(_event(job, lead.rank, lead.step, key, text, lead.node, quiet, ranks_of_node))
-    reporting.record_events(session, job, events)
+            text = cause(lead)
+            listed = sorted(int(rank) for rank in lead.listed.split(","))
+            if len(listed) > 1:
+                text = f"{len(listed)} ranks of node {lead.node} silent, rank {lead.rank} the longest: {text}"
+            ranks = listed if len(listed) > 1 else None
+            events.append(_event(job, lead.rank, lead.step, key, text, lead.node, quiet, ranks))
+        reporting.record_events(session, job, events)
+    silent = [g for g in groups if g.verdict == Verdict.silent]
     if not silent:
         return None
-    worst = (now - min(r.last_seen for r in silent)).total_seconds()
-    overdue = (now - min(at for _, at in due if at < now)).total_seconds()
-    summary = f"{len(silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
-    blamed = tuple(sorted({r.node for r in silent if r.node}))
+    worst = (now - min(g.earliest for g in silent)).total_seconds()
+    overdue = max((now - deadlines.of(g.kind, g.earliest)).total_seconds() for g in silent)
+    summary = f"{sum(g.ranks for g in silent)} rank(s) silent for up to {worst:.1f} s (timeout {timeout:g} s)"
+    blamed = tuple(sorted({g.node for g in silent if g.node}))
     if len(blamed) >= spec.nodes:  # every node has a silent rank: no one node is to blame
         blamed = ()
     if blamed:
@@ -165,14 +183,34 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     return Silence(summary, escalate=overdue > timeout, silent_s=round(worst, 3), nodes=blamed)
 
 
-def hangs(ranks: Sequence[QuietRank]) -> list[list[QuietRank]]:
-    """The hangs to record for these silent ranks: one per node (a job-wide hang of 131,072 ranks is 16,384 events,
-    not 131,072), a rank without a node on its own; each led by its longest-silent rank, whose key it takes, so a
-    node's later-silent ranks found on a later pass add nothing to the hang already recorded."""
-    by_node: dict[tuple[str | None, int | None], list[QuietRank]] = {}
-    for rank in ranks:
-        by_node.setdefault((rank.node, None) if rank.node else (None, rank.rank), []).append(rank)
-    return [sorted(group, key=lambda r: (r.last_seen, r.rank)) for group in by_node.values()]
+@dataclass(frozen=True)
+class Hang:
+    """One hang to record: a node's silent ranks with one verdict (a rank without a node is its own), since the
+    oldest last beat among them. A job-wide hang of 131,072 ranks is 16,384 hangs, not 131,072."""
+
+    node: str | None
+    rank: int | None  # of a hang without a node
+    verdict: str  # a Verdict
+    earliest: datetime
+
+    def key(self, attempt: int) -> str:
+        """Its idempotency key: a node's later-silent ranks found on a later pass add nothing to its hang."""
+        who = f"n{hashlib.sha256(self.node.encode()).hexdigest()[:16]}" if self.node is not None else f"r{self.rank}"
+        return f"hang:a{attempt}:{who}:t{int(self.earliest.timestamp() * 1000)}"
+
+
+def _group(node: str | None, rank: int | None) -> str | int | None:
+    """What a hang is of: its node, or its rank where it has none."""
+    return node if node is not None else rank
+
+
+def hangs(groups: Iterable[SilentGroup]) -> list[Hang]:
+    """The groups of a node's ranks of every kind, as one hang per node and verdict."""
+    earliest: dict[tuple[str | None, int | None, str], datetime] = {}
+    for g in groups:
+        at = earliest.get((g.node, g.rank, g.verdict))
+        earliest[(g.node, g.rank, g.verdict)] = g.earliest if at is None else min(at, g.earliest)
+    return [Hang(node, rank, verdict, at) for (node, rank, verdict), at in earliest.items()]
 
 
 def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silence | None:

@@ -169,3 +169,87 @@ def test_a_hang_is_one_event_per_node_naming_its_silent_ranks(
     last_seen(job["id"], {3: 10.5}, now)  # node-1's other rank falls silent too: the same hang
     supervise(job["id"])
     assert [h["key"] for h in hangs()] == [h["key"] for h in first]
+
+
+def test_the_database_judges_every_rank_as_the_deadlines_say(admin: TestClient, make_job: Any) -> None:
+    """The rule is stated once (`Deadlines`); the database applies it as cut-offs on the last beat. Ranks of every
+    kind on either side of their deadline, counted per node by the database, agree with the rule applied to each
+    rank by hand."""
+    from api.core.db import session_scope
+    from api.models import liveness
+    from api.models.liveness import QuietKind, Verdict
+    from api.schemas.events import utcnow
+    from workers.supervision.detect_silent_ranks import HUNG_BEFORE_RESTART_TOLERANCE_S, Deadlines
+
+    timeout, initial, total = timedelta(seconds=10), timedelta(seconds=60), 16
+    job = make_job(nodes=2, resiliency={"heartbeat_timeout_s": 10, "initial_heartbeat_timeout_s": 60})
+    now = utcnow()
+    restart_began = now - timedelta(seconds=30)
+    # (rank's step, seconds quiet): running ranks either side of 10 s, finishing ones either side of 60 s, and
+    # restarting ones (quiet since before the restart) hung when it began (>= 39 s) or not
+    quiet = [(5, 9.5), (5, 10.5), (5, 25), (16, 25), (16, 59.5), (16, 61), (5, 38), (5, 39.5), (16, 45)]
+    beats = [{"rank": r, "step": step, "node": f"node-{r % 2}"} for r, (step, _) in enumerate(quiet)]
+    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats})
+    last_seen(job["id"], {r: s for r, (_, s) in enumerate(quiet)}, now)
+    for restarting_since in (None, restart_began, now - timedelta(seconds=61)):  # the last: a restart overdue
+        deadlines = Deadlines(now, timeout, initial, restarting_since)
+
+        def verdict(step: int, seconds: float, rule: Deadlines = deadlines) -> str | None:
+            beat = now - timedelta(seconds=seconds)
+            since = rule.restarting_since
+            kind = QuietKind.running if step < total else QuietKind.finishing
+            if since is not None and since > beat:
+                kind = QuietKind.restarting
+            if rule.of(kind, beat) < now:
+                return Verdict.silent
+            hung_for = (since - beat).total_seconds() if since is not None else 0.0
+            if kind == QuietKind.restarting and hung_for >= timeout.total_seconds() - HUNG_BEFORE_RESTART_TOLERANCE_S:
+                return Verdict.recovering
+            return None
+
+        expected: dict[tuple[str, str], int] = {}
+        for rank, (step, seconds) in enumerate(quiet):
+            judged = verdict(step, seconds)
+            if judged is not None:
+                expected[(f"node-{rank % 2}", judged)] = expected.get((f"node-{rank % 2}", judged), 0) + 1
+        with session_scope() as session:
+            groups = liveness.silent_groups(session, job["id"], 0, deadlines.judgement(total))
+        counted: dict[tuple[str, str], int] = {}
+        for g in groups:
+            assert g.node is not None
+            counted[(g.node, g.verdict)] = counted.get((g.node, g.verdict), 0) + g.ranks
+        assert counted == expected and expected, restarting_since
+
+
+def test_a_node_silent_in_two_kinds_is_one_hang_escalated_by_its_first_deadline(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend
+) -> None:
+    """A node's rank that finished (the initial timeout) and one that did not (the heartbeat timeout) are one hang,
+    led by the longer silent; the job escalates when the earlier of their deadlines is a timeout behind."""
+    from sqlalchemy import update
+
+    from api.core.db import session_scope
+    from api.database.tables import Job
+    from api.schemas.events import utcnow
+
+    job = make_job(resiliency={"heartbeat_timeout_s": 10, "initial_heartbeat_timeout_s": 60, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id == job["id"]).values(total_steps=16))
+    beats = [{"rank": 0, "step": 16, "node": "node-0"}, {"rank": 1, "step": 15, "node": "node-0"}]
+    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats})
+    now = utcnow()
+    last_seen(job["id"], {0: 69, 1: 12}, now)  # 9 s past 60 s, 2 s past 10 s
+    supervise(job["id"])
+    hangs = admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "hang_detected"}).json()["items"]
+    assert [(h["node"], h["rank"], h["details"]["ranks"]) for h in hangs] == [("node-0", 0, [0, 1])]
+    assert "after the run's last step 16" in hangs[0]["details"]["cause"]
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["attempt"] == 0  # 9 s overdue: less than the timeout
+
+    last_seen(job["id"], {0: 69, 1: 21}, now)  # rank 1 is now 11 s overdue
+    supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 1 and "hang not recovered in-job" in body["status_reason"]
+    hangs = admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "hang_detected"}).json()["items"]
+    assert len(hangs) == 1  # the same hang, not recorded again

@@ -60,7 +60,7 @@ DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 
 # A pod's hostname is "<job name>-<completion index>" and must stay a DNS label
 # (<= 63): the attempt's Job name is kept to 52 characters, leaving room for
-# "-4095" (JobSpec allows 4096 nodes) with margin.
+# "-16383" (JobSpec allows 16,384 nodes) with margin.
 _BASE_MAX = 44  # "<base>-a<attempt up to 10000>" <= 51
 _ID_MAX = 20
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
