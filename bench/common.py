@@ -95,6 +95,36 @@ def database_of_kind(kind: str, base: str | None, directory: Path) -> contextlib
     return fresh_database(base) if kind == "postgresql" else sqlite_database(directory)
 
 
+def running_job(name: str, nodes: int, procs_per_node: int, **spec: Any) -> tuple[str, Any]:
+    """A job of the current database as a user submits it (kubernetes, never launched here), moved to RUNNING by
+    the lifecycle: its id and its `JobSpec`."""
+    from api.core.db import session_scope
+    from api.models import jobs as job_store
+    from api.schemas.spec import JobSpec
+    from api.services import lifecycle
+
+    validated = JobSpec.model_validate(
+        {
+            "name": name,
+            "backend": "kubernetes",
+            "image": "registry.example/trainer:bench",
+            "command": ["python", "-m", "ftplane.trainer"],
+            "nodes": nodes,
+            "procs_per_node": procs_per_node,
+            "checkpoint": {"engine": "none"},
+            **spec,
+        }
+    )
+    with session_scope() as session:
+        job = job_store.create(session, validated)
+        attempt = lifecycle.current_attempt(session, job)
+        lifecycle.attempt_launched(session, job, attempt)
+        lifecycle.attempt_running(attempt)
+        lifecycle.transition(session, job, lifecycle.JobStatus.RUNNING)
+        job_id = job.id
+    return job_id, validated
+
+
 def create_admin_token(database_url: str) -> str:
     from sqlalchemy.orm import Session
 

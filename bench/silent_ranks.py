@@ -31,9 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-from bench.common import fresh_database, machine, table
+from bench.common import fresh_database, machine, running_job, table
 
 RESTART_AGO_S = 10.0
 QUIET_PAST_TIMEOUT_S = 5.0
@@ -99,7 +98,7 @@ def _run(args: argparse.Namespace, scenario: str) -> ScenarioFigures:
     from api.services.ingest.liveness_writer import LivenessWriter
     from workers.supervision import detect_silent_ranks
 
-    job_id, spec = _running_job(args)
+    job_id, spec = running_job("silent-ranks-bench", args.nodes, args.procs)
     timeout = spec.resiliency.heartbeat_timeout_s
     figures = ScenarioFigures(scenario, spec.world_size, args.nodes, timeout)
     now = utcnow()
@@ -141,34 +140,6 @@ def _run(args: argparse.Namespace, scenario: str) -> ScenarioFigures:
     with session_scope() as session:
         figures.escalated = session.get_one(Job, job_id).attempt != 0
     return figures
-
-
-def _running_job(args: argparse.Namespace) -> tuple[str, Any]:
-    """The job as a user submits it (kubernetes, never launched here), moved to RUNNING by the lifecycle."""
-    from api.core.db import session_scope
-    from api.models import jobs as job_store
-    from api.schemas.spec import JobSpec
-    from api.services import lifecycle
-
-    spec = JobSpec.model_validate(
-        {
-            "name": "silent-ranks-bench",
-            "backend": "kubernetes",
-            "image": "registry.example/trainer:bench",
-            "command": ["python", "-m", "ftplane.trainer"],
-            "nodes": args.nodes,
-            "procs_per_node": args.procs,
-            "checkpoint": {"engine": "none"},
-        }
-    )
-    with session_scope() as session:
-        job = job_store.create(session, spec)
-        attempt = lifecycle.current_attempt(session, job)
-        lifecycle.attempt_launched(session, job, attempt)
-        lifecycle.attempt_running(attempt)
-        lifecycle.transition(session, job, lifecycle.JobStatus.RUNNING)
-        job_id = job.id
-    return job_id, spec
 
 
 def report(runs: list[ScenarioFigures]) -> str:

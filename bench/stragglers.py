@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import fresh_database, machine, percentile, table
+from bench.common import fresh_database, machine, percentile, running_job, table
 
 STEP_S = 1.5  # the job's wall seconds per step (lockstep), 1 s of it each rank's own work
 
@@ -116,7 +116,9 @@ def _simulate(url: str, args: argparse.Namespace, slowed: bool) -> RunFigures:
     from workers.supervision import detect_stragglers
 
     rng = random.Random(args.seed + (1 if slowed else 0))
-    job_id, spec = _running_job(args)
+    job_id, spec = running_job(
+        "stragglers-bench", args.nodes, args.procs, resiliency={"stragglers": {"window_s": args.window}}
+    )
     world, interval = spec.world_size, spec.report_interval_s
     origin = utcnow() - timedelta(seconds=args.duration + 3600)  # the simulated clock, in the past: reports are
     spread = [rng.gauss(0, 0.01) for _ in range(world)]  # taken as sent (none is dated ahead of the server)
@@ -204,35 +206,6 @@ def _beat(
         "step_time_s": STEP_S + (args.slow if slowed_now else 0.0),  # lockstep: everyone waits for the slowest
         "compute_s": max(0.0, own),
     }
-
-
-def _running_job(args: argparse.Namespace) -> tuple[str, Any]:
-    """The job as a user submits it (kubernetes, never launched here), moved to RUNNING by the lifecycle."""
-    from api.core.db import session_scope
-    from api.models import jobs as job_store
-    from api.schemas.spec import JobSpec
-    from api.services import lifecycle
-
-    spec = JobSpec.model_validate(
-        {
-            "name": "stragglers-bench",
-            "backend": "kubernetes",
-            "image": "registry.example/trainer:bench",
-            "command": ["python", "-m", "ftplane.trainer"],
-            "nodes": args.nodes,
-            "procs_per_node": args.procs,
-            "checkpoint": {"engine": "none"},
-            "resiliency": {"stragglers": {"window_s": args.window}},
-        }
-    )
-    with session_scope() as session:
-        job = job_store.create(session, spec)
-        attempt = lifecycle.current_attempt(session, job)
-        lifecycle.attempt_launched(session, job, attempt)
-        lifecycle.attempt_running(attempt)
-        lifecycle.transition(session, job, lifecycle.JobStatus.RUNNING)
-        job_id = job.id
-    return job_id, spec
 
 
 def _aware(ts: datetime) -> datetime:

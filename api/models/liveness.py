@@ -170,7 +170,8 @@ class SilentLead(Protocol):
 
 
 def _judged(job_id: str, attempt: int, judgement: Judgement) -> Subquery | None:
-    """The attempt's rank rows past `quiet_before`, each with its kind and verdict (NULL: neither)."""
+    """The attempt's silent ranks (only rows past `quiet_before` are read), each with its kind and verdict; None
+    where no rank can be silent."""
     quiet_before = judgement.quiet_before()
     if quiet_before is None:
         return None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
@@ -78,18 +79,29 @@ def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
     write_liveness(session, rows, _UPSERT_NODES_POSTGRESQL, _node_upsert("sqlite"))
 
 
-def of_attempt(session: Session, job_id: str, attempt: int) -> list[NodeLiveness]:
-    query = select(NodeLiveness).where(NodeLiveness.job_id == job_id, NodeLiveness.attempt == attempt)
-    return list(session.scalars(query.order_by(NodeLiveness.node)))
-
-
 def of_job(session: Session, job_id: str) -> list[NodeLiveness]:
     return list(session.scalars(select(NodeLiveness).where(NodeLiveness.job_id == job_id).order_by(NodeLiveness.node)))
 
 
-def ranks_on(row: NodeLiveness) -> set[int]:
-    return {int(r["rank"]) for r in row.ranks if isinstance(r, dict) and isinstance(r.get("rank"), int)}
+class NodeSeen(Protocol):
+    """When a node's agent last reported: a row of two columns, not a mapped object (a job has 16,384 nodes)."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def last_seen(self) -> datetime: ...
 
 
-def silent_since(session: Session, job_id: str, attempt: int, older_than: datetime) -> list[NodeLiveness]:
-    return [n for n in of_attempt(session, job_id, attempt) if n.last_seen < older_than]
+def last_seen_of_attempt(session: Session, job_id: str, attempt: int) -> Sequence[NodeSeen]:
+    query = select(NodeLiveness.node, NodeLiveness.last_seen).where(
+        NodeLiveness.job_id == job_id, NodeLiveness.attempt == attempt
+    )
+    return session.execute(query.order_by(NodeLiveness.node)).all()
+
+
+def any_with_progress(session: Session, job_id: str, attempt: int, progress: str) -> bool:
+    """Whether an agent of the attempt says its ranks' progress comes from `progress` (e.g. "sdk")."""
+    query = select(NodeLiveness.node).where(
+        NodeLiveness.job_id == job_id, NodeLiveness.attempt == attempt, NodeLiveness.progress == progress
+    )
+    return session.scalar(query.limit(1)) is not None

@@ -20,7 +20,7 @@ def reports_rank_progress(session: Session, job: Job, spec: JobSpec) -> bool:
     detection is node-level only: a rank process that lives is not hung as far as ftplane can tell."""
     if spec.progress.log_pattern or spec.progress.preset or models.liveness.has_attempt(session, job.id, job.attempt):
         return True
-    return any(row.progress == "sdk" for row in models.nodes.of_attempt(session, job.id, job.attempt))
+    return models.nodes.any_with_progress(session, job.id, job.attempt, "sdk")
 
 
 def progress_of(session: Session, job: Job) -> JobProgress:

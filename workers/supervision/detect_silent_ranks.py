@@ -218,7 +218,7 @@ def detect_silent_nodes(session: Session, job: Job, attempt: Attempt, spec: JobS
     agent is silent, the control plane or the network is the likelier cause; the backend sees a node that is gone.)"""
     now = utcnow()
     timeout = spec.resiliency.heartbeat_timeout_s
-    rows = models.nodes.of_attempt(session, job.id, job.attempt)
+    rows = models.nodes.last_seen_of_attempt(session, job.id, job.attempt)
     if not rows:
         return _never_heard(session, job, attempt, spec, "no report from any node agent")
     silent = [row for row in rows if (now - row.last_seen).total_seconds() > timeout]

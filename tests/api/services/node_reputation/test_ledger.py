@@ -217,6 +217,44 @@ def test_the_cursor_moves_only_past_settled_events_and_reading_again_changes_not
     assert faults() == 1 and node(admin)["jobs"] == 1
 
 
+def test_a_process_records_an_unsettled_event_once_and_a_late_one_when_it_shows(
+    admin: TestClient, make_job: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cursor waits for late commits, so a pass reads the unsettled events again; the process skips those it
+    recorded, but not one that became visible since (a lower id, committed late), nor any once another process's
+    pass moved the cursor."""
+    from sqlalchemy import delete, update
+
+    recorded: list[list[int]] = []
+    record_runs = ledger._record_runs
+
+    def spy(session: Any, heads: Any, blames: Any) -> None:
+        recorded.append([h.id for h in heads])
+        record_runs(session, heads, blames)
+
+    monkeypatch.setattr(ledger, "_record_runs", spy)
+    job = make_job()
+    report(admin, job["id"], *({"type": "checkpoint_saved", "node": f"n{i}", "step": i} for i in range(3)))
+    with session_scope() as session:
+        ids = list(session.scalars(select(Event.id).order_by(Event.id)))
+        late = session.get_one(Event, ids[1])
+        row = {c.name: getattr(late, c.name) for c in Event.__table__.columns}
+        session.execute(delete(Event).where(Event.id == ids[1]))  # not visible yet
+    judge()
+    judge()
+    assert recorded == [[ids[0], ids[2]], []] and cursor() == 0
+    with session_scope() as session:
+        session.execute(Event.__table__.insert().values(**row))  # its transaction commits: it shows, below the others
+    judge()
+    assert recorded[-1] == [ids[1]]
+    with session_scope() as session:  # another process's pass
+        session.execute(update(NodeLedgerCursor).values(updated_at=datetime.now(UTC)))
+    judge()
+    assert recorded[-1] == ids
+    judge(settled())
+    assert cursor() == ids[-1] and node(admin, "n1")["jobs"] == 1
+
+
 def test_a_pass_reads_at_most_its_batches(
     admin: TestClient, make_job: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
