@@ -4,7 +4,8 @@ What runs is the product's own code: the job is submitted as a user would (kuber
 here) and moved to RUNNING by the lifecycle; every rank's heartbeat goes through the node-report route's
 validation (`NodeReport`) and the API's liveness writer (`LivenessWriter`) into a fresh PostgreSQL database
 migrated to head; then the duty (`workers/supervision/detect_silent_ranks.run_once`, as the worker calls it)
-runs `--passes` passes, each timed on this process's clock, each in its own transaction like the worker's.
+runs `--passes` passes, each timed on this process's clock, each in its own transaction like the worker's, in a
+process whose heap is settled as a started worker's (`api/core/heap.py`).
 
 Two scenarios, each on its own database, every rank's last beat dated on the wall clock:
 - `restarting`: every rank last beat the heartbeat timeout plus 5 s ago, and an in-job restart began 10 s ago: all
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace, scenario: str) -> ScenarioFigures:
 
 
 def _run(args: argparse.Namespace, scenario: str) -> ScenarioFigures:
+    from api.core import heap
     from api.core.db import get_sessionmaker, session_scope
     from api.database.tables import Event, Job
     from api.schemas.events import EventIn, EventType, utcnow
@@ -122,6 +124,8 @@ def _run(args: argparse.Namespace, scenario: str) -> ScenarioFigures:
         )
         with session_scope() as session:
             reporting.record_events(session, session.get_one(Job, job_id), [restart])
+
+    heap.settle()  # as a started worker does before its first task
 
     def hangs() -> int:
         with session_scope() as session:
