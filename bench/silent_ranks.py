@@ -24,6 +24,7 @@ passes. The target is the supervision period (2 s) for the whole pass; the duty 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -77,12 +78,15 @@ def run(args: argparse.Namespace, scenario: str) -> ScenarioFigures:
     from api.core.db import reset_caches
 
     before = os.environ.get("FTPLANE_DATABASE_URL")
+    collector = gc.get_threshold()
     try:
         with fresh_database(args.database_url, prefix="ftplane_bench_silent") as url:
             os.environ["FTPLANE_DATABASE_URL"] = url
             reset_caches()
             return _run(args, scenario)
-    finally:  # the settings of whoever called (the smoke test runs this in its own process)
+    finally:  # the settings of whoever called (the smoke test runs this in the suite's process)
+        gc.unfreeze()
+        gc.set_threshold(*collector)
         if before is None:
             os.environ.pop("FTPLANE_DATABASE_URL", None)
         else:
