@@ -127,7 +127,7 @@ class Judgement:
     hung_by: datetime | None
 
     def quiet_before(self) -> datetime | None:
-        """The latest last beat any verdict may fall on: the rows older than it are the only ones read."""
+        """The latest last beat any verdict may fall on: the rows not newer are the only ones read."""
         return max((at for at in (*self.silent_before.values(), self.hung_by) if at is not None), default=None)
 
 
@@ -170,7 +170,7 @@ class SilentLead(Protocol):
 
 
 def _judged(job_id: str, attempt: int, judgement: Judgement) -> Subquery | None:
-    """The attempt's silent ranks (only rows past `quiet_before` are read), each with its kind and verdict; None
+    """The attempt's silent ranks (only rows up to `quiet_before` are read), each with its kind and verdict; None
     where no rank can be silent."""
     quiet_before = judgement.quiet_before()
     if quiet_before is None:
@@ -183,7 +183,7 @@ def _judged(job_id: str, attempt: int, judgement: Judgement) -> Subquery | None:
     kind = case(*kinds, else_=literal(QuietKind.running.value)) if kinds else literal(QuietKind.running.value)
     quiet = (
         select(RankLiveness.node, RankLiveness.rank, RankLiveness.step, RankLiveness.last_seen, kind.label("kind"))
-        .where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt, RankLiveness.last_seen < quiet_before)
+        .where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt, RankLiveness.last_seen <= quiet_before)
         .subquery()
     )
     verdicts: list[tuple[ColumnElement[bool], str]] = [

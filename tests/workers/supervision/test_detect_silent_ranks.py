@@ -186,12 +186,13 @@ def test_the_database_judges_every_rank_as_the_deadlines_say(admin: TestClient, 
     now = utcnow()
     restart_began = now - timedelta(seconds=30)
     # (rank's step, seconds quiet): running ranks either side of 10 s, finishing ones either side of 60 s, and
-    # restarting ones (quiet since before the restart) hung when it began (>= 39 s) or not
-    quiet = [(5, 9.5), (5, 10.5), (5, 25), (16, 25), (16, 59.5), (16, 61), (5, 38), (5, 39.5), (16, 45)]
+    # restarting ones (quiet since before the restart) hung when it began (>= 39 s) or not; 9.8 s: hung when a
+    # restart began just now (quiet for the timeout less the launcher's tolerance), though not past the timeout
+    quiet = [(5, 9.5), (5, 9.8), (5, 10.5), (5, 25), (16, 25), (16, 59.5), (16, 61), (5, 38), (5, 39.5), (16, 45)]
     beats = [{"rank": r, "step": step, "node": f"node-{r % 2}"} for r, (step, _) in enumerate(quiet)]
     admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats})
     last_seen(job["id"], {r: s for r, (_, s) in enumerate(quiet)}, now)
-    for restarting_since in (None, restart_began, now - timedelta(seconds=61)):  # the last: a restart overdue
+    for restarting_since in (None, restart_began, now - timedelta(seconds=61), now - timedelta(seconds=0.5)):
         deadlines = Deadlines(now, timeout, initial, restarting_since)
 
         def verdict(step: int, seconds: float, rule: Deadlines = deadlines) -> str | None:
