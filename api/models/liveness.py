@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from functools import cache
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, String, Subquery, and_, case, cast, delete, func, literal, null, select, text
+from sqlalchemy import (
+    ColumnElement,
+    String,
+    Subquery,
+    and_,
+    case,
+    cast,
+    delete,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.orm import Session
 
 from api.database.tables import RankLiveness
@@ -169,9 +183,28 @@ class SilentLead(Protocol):
     def listed(self) -> str: ...  # the group's ranks, comma-separated, in no order
 
 
-def _judged(job_id: str, attempt: int, judgement: Judgement) -> Subquery | None:
-    """The attempt's silent ranks (only rows up to `quiet_before` are read), each with its kind and verdict; None
-    where no rank can be silent."""
+@dataclass(frozen=True)
+class Groups:
+    """Some groups of silent ranks: their nodes, and the ranks without a node (each its own group)."""
+
+    nodes: frozenset[str]
+    nodeless_ranks: frozenset[int]
+
+    @classmethod
+    def of(cls, groups: Iterable[tuple[str | None, int | None]]) -> Groups:
+        """From (node, rank) pairs, as a group is named: its node, or its rank where it has none."""
+        pairs = list(groups)
+        nodes = frozenset(node for node, _ in pairs if node is not None)
+        return cls(nodes, frozenset(rank for node, rank in pairs if node is None and rank is not None))
+
+    def condition(self) -> ColumnElement[bool]:
+        nodeless = and_(RankLiveness.node.is_(None), RankLiveness.rank.in_(sorted(self.nodeless_ranks)))
+        return or_(RankLiveness.node.in_(sorted(self.nodes)), nodeless)
+
+
+def _judged(job_id: str, attempt: int, judgement: Judgement, among: Groups | None = None) -> Subquery | None:
+    """The attempt's silent ranks (only rows up to `quiet_before` are read; of `among`'s groups where given), each
+    with its kind and verdict; None where no rank can be silent."""
     quiet_before = judgement.quiet_before()
     if quiet_before is None:
         return None
@@ -181,11 +214,11 @@ def _judged(job_id: str, attempt: int, judgement: Judgement) -> Subquery | None:
     if judgement.finishing_step is not None:
         kinds.append((RankLiveness.step >= judgement.finishing_step, QuietKind.finishing.value))
     kind = case(*kinds, else_=literal(QuietKind.running.value)) if kinds else literal(QuietKind.running.value)
-    quiet = (
-        select(RankLiveness.node, RankLiveness.rank, RankLiveness.step, RankLiveness.last_seen, kind.label("kind"))
-        .where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt, RankLiveness.last_seen <= quiet_before)
-        .subquery()
+    rows = select(RankLiveness.node, RankLiveness.rank, RankLiveness.step, RankLiveness.last_seen, kind.label("kind"))
+    rows = rows.where(
+        RankLiveness.job_id == job_id, RankLiveness.attempt == attempt, RankLiveness.last_seen <= quiet_before
     )
+    quiet = (rows.where(among.condition()) if among is not None else rows).subquery()
     verdicts: list[tuple[ColumnElement[bool], str]] = [
         (and_(quiet.c.kind == k.value, quiet.c.last_seen < before), Verdict.silent.value)
         for k, before in judgement.silent_before.items()
@@ -218,9 +251,12 @@ def silent_groups(session: Session, job_id: str, attempt: int, judgement: Judgem
     return session.execute(query).all()
 
 
-def silent_leads(session: Session, job_id: str, attempt: int, judgement: Judgement) -> Sequence[SilentLead]:
-    """The lead of each group of a node's silent ranks, and each silent rank without a node (its own lead)."""
-    judged = _judged(job_id, attempt, judgement)
+def silent_leads(
+    session: Session, job_id: str, attempt: int, judgement: Judgement, among: Groups | None = None
+) -> Sequence[SilentLead]:
+    """The lead of each group of a node's silent ranks, and each silent rank without a node (its own lead); of
+    `among`'s groups only, where given."""
+    judged = _judged(job_id, attempt, judgement, among)
     if judged is None:
         return []
     group = (judged.c.node, case((judged.c.node.is_(None), judged.c.rank)), judged.c.verdict)

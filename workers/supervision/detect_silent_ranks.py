@@ -23,7 +23,10 @@ group's teardown, the exit), which on a loaded node takes longer than a step: it
 the initial timeout, counted from its last beat. A rank that hangs on its way out is still found.
 
 The database applies the rule to every rank (`Deadlines.judgement`: a job-wide hang is 131,072 of them) and
-hands back one row per node; a hang's ranks are read, one row per node, only the pass it is new.
+hands back one row per node; a hang's ranks are read, one row per node, only the pass it is new. A pass stores
+at most `MAX_NEW_HANGS_PER_PASS` new hangs, the longest-silent first, and leaves the rest to the next passes: a
+job-wide hang is one hang per node (16,384), which in one pass took longer than the supervision period. Escalation
+reads the counts, not the stored hangs, so it is not delayed.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from api import models
 from api.database.tables import Attempt, Job
 from api.models.liveness import QuietKind, SilentGroup, SilentLead, Verdict
 from api.schemas.causes import Cause, CauseClass
-from api.schemas.events import EventIn, EventType, utcnow
+from api.schemas.events import MAX_EVENTS_PER_BATCH, EventIn, EventType, utcnow
 from api.schemas.spec import JobSpec
 from api.services import lifecycle, progress
 from api.services.ingest import reporting
@@ -51,6 +54,9 @@ RESTART_MARKERS = (EventType.rank_failed, EventType.inprocess_restart, EventType
 # The launcher acts on the timeout counted from the same heartbeat, on another clock: a rank silent for the
 # timeout less this when a restart began was hung.
 HUNG_BEFORE_RESTART_TOLERANCE_S = 1.0
+# One batch of events a pass: one webhook delivery a pass (announcing the longest-silent nodes first), and a pass
+# well within its period at 131,072 ranks; a job-wide hang of 16,384 nodes is stored over 17 passes.
+MAX_NEW_HANGS_PER_PASS = MAX_EVENTS_PER_BATCH
 
 
 @dataclass(frozen=True)
@@ -153,8 +159,10 @@ def detect(session: Session, job: Job, attempt: Attempt, spec: JobSpec) -> Silen
     recorded = models.events.keys_of_type(session, job.id, job.attempt, EventType.hang_detected.value)
     keyed = ((hang.key(job.attempt), hang) for hang in hangs(groups))
     new = [(key, hang) for key, hang in keyed if key not in recorded]
+    new = sorted(new, key=lambda kh: kh[1].earliest)[:MAX_NEW_HANGS_PER_PASS]
     if new:  # each hang's lead and ranks are read (one row per hang)
-        leads = models.liveness.silent_leads(session, job.id, job.attempt, judgement)
+        among = models.liveness.Groups.of((hang.node, hang.rank) for _, hang in new)
+        leads = models.liveness.silent_leads(session, job.id, job.attempt, judgement, among)
         lead_of = {(_group(lead.node, lead.rank), lead.verdict): lead for lead in leads}
         events = []
         for key, hang in new:

@@ -254,3 +254,45 @@ def test_a_node_silent_in_two_kinds_is_one_hang_escalated_by_its_first_deadline(
     assert body["attempt"] == 1 and "hang not recovered in-job" in body["status_reason"]
     hangs = admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "hang_detected"}).json()["items"]
     assert len(hangs) == 1  # the same hang, not recorded again
+
+
+def test_a_pass_stores_the_longest_silent_hangs_first_and_the_rest_on_the_next(
+    admin: TestClient, make_job: Any, backend: ScriptedBackend, monkeypatch: Any
+) -> None:
+    """A job-wide hang is one hang per node; a pass stores at most `MAX_NEW_HANGS_PER_PASS` new ones, the
+    longest-silent first (each led and listed as when stored at once), and the next passes the rest; the escalation
+    reads every silent rank, whether its hang is stored yet or not."""
+    from api.schemas.events import utcnow
+    from workers.supervision import detect_silent_ranks
+
+    monkeypatch.setattr(detect_silent_ranks, "MAX_NEW_HANGS_PER_PASS", 2)
+    job = make_job(nodes=5, resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
+    beats = [{"rank": r, "step": 7, "node": f"node-{r // 2}"} for r in range(10)]
+    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats})
+    now = utcnow()
+    # node-3 the longest silent, then node-1, node-4, node-0, node-2 (each node's ranks 0.5 s apart)
+    quiet = {3: 16.0, 1: 15.0, 4: 14.0, 0: 13.0, 2: 12.0}
+    last_seen(job["id"], {r: quiet[r // 2] + 0.5 * (r % 2) for r in range(10)}, now)
+
+    def stored() -> list[tuple[str, int, list[int]]]:
+        listed = admin.get(f"/v1/jobs/{job['id']}/events", params={"type": "hang_detected"}).json()["items"]
+        return [(h["node"], h["rank"], h["details"]["ranks"]) for h in sorted(listed, key=lambda h: h["id"])]
+
+    supervise(job["id"])
+    assert stored() == [("node-3", 7, [6, 7]), ("node-1", 3, [2, 3])]
+    supervise(job["id"])
+    assert [node for node, _, _ in stored()] == ["node-3", "node-1", "node-4", "node-0"]
+    supervise(job["id"])
+    supervise(job["id"])  # nothing left to store
+    assert [node for node, _, _ in stored()] == ["node-3", "node-1", "node-4", "node-0", "node-2"]
+    assert stored()[-1] == ("node-2", 5, [4, 5])
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["attempt"] == 0
+
+    # every node silent past twice the timeout before any hang of a new silence is stored: the job escalates
+    monkeypatch.setattr(detect_silent_ranks, "MAX_NEW_HANGS_PER_PASS", 0)
+    last_seen(job["id"], {r: 25.0 for r in range(10)}, now)
+    supervise(job["id"])
+    body = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert body["attempt"] == 1 and "hang not recovered in-job" in body["status_reason"]
