@@ -6,7 +6,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from functools import cache
 from typing import Any, Protocol
 
 from sqlalchemy import (
@@ -22,12 +21,11 @@ from sqlalchemy import (
     null,
     or_,
     select,
-    text,
 )
 from sqlalchemy.orm import Session
 
 from api.database.tables import RankLiveness
-from api.models.upsert import newest_wins, upsert, write_liveness
+from api.models.upsert import LivenessUpsert
 from api.schemas.events import HeartbeatIn, utcnow
 
 
@@ -62,41 +60,12 @@ def rank_row(job_id: str, attempt: int, beat: Any, now: datetime) -> dict[str, A
     }
 
 
-@cache
-def _rank_upsert(dialect: str) -> Any:
-    return upsert(
-        dialect,
-        RankLiveness.__table__,
-        ["job_id", "rank"],
-        _RANK_COLUMNS,
-        newest_wins,
-    )
-
-
-# PostgreSQL (upsert.write_liveness): the rows travel as one JSON array, whatever their number.
-_UPSERT_RANKS_POSTGRESQL = text(
-    """
-    INSERT INTO rank_liveness (job_id, rank, attempt, node, step, last_seen, throughput, loss, step_time_s,
-                               compute_s, perf_score)
-    SELECT u.job_id, u.rank, u.attempt, u.node, u.step, u.last_seen, u.throughput, u.loss, u.step_time_s,
-           u.compute_s, u.perf_score
-    FROM jsonb_to_recordset(CAST(:rows AS jsonb))
-        AS u(job_id varchar, rank integer, attempt integer, node varchar, step bigint, last_seen timestamptz,
-             throughput float8, loss float8, step_time_s float8, compute_s float8, perf_score float8)
-    ORDER BY u.job_id, u.rank
-    ON CONFLICT (job_id, rank) DO UPDATE SET
-        attempt = excluded.attempt, node = excluded.node, step = excluded.step,
-        last_seen = excluded.last_seen, throughput = excluded.throughput, loss = excluded.loss,
-        step_time_s = excluded.step_time_s, compute_s = excluded.compute_s, perf_score = excluded.perf_score
-    WHERE rank_liveness.attempt < excluded.attempt
-       OR (rank_liveness.attempt = excluded.attempt AND rank_liveness.last_seen <= excluded.last_seen)
-    """
-)
+_RANK_UPSERT = LivenessUpsert.of(RankLiveness, ("job_id", "rank"), _RANK_COLUMNS)
 
 
 def write_ranks(session: Session, rows: list[dict[str, Any]]) -> None:
     """Upsert rank rows (newest heartbeat wins, also against rows other processes wrote)."""
-    write_liveness(session, rows, _UPSERT_RANKS_POSTGRESQL, _rank_upsert("sqlite"))
+    _RANK_UPSERT.write(session, rows)
 
 
 def ranks(session: Session, job_id: str) -> list[RankLiveness]:

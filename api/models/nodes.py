@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from functools import cache
 from typing import Any, Protocol
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
-from api.models.upsert import newest_wins, upsert, write_liveness
+from api.models.upsert import LivenessUpsert
 from api.schemas.events import utcnow
 from api.schemas.reports import NodeReport
 
@@ -39,44 +38,14 @@ def node_row(job_id: str, report: NodeReport, now: datetime) -> dict[str, Any]:
     }
 
 
-@cache
-def _node_upsert(dialect: str) -> Any:
-    return upsert(
-        dialect,
-        NodeLiveness.__table__,
-        ["job_id", "node"],
-        _NODE_COLUMNS,
-        newest_wins,
-    )
-
-
-# PostgreSQL (upsert.write_liveness): no JSON document serialized per row for `ranks` and `gpus` (json, not jsonb:
-# kept as sent).
-_UPSERT_NODES_POSTGRESQL = text(
-    """
-    INSERT INTO node_liveness (job_id, node, attempt, last_seen, launcher_alive, progress, healthy, unhealthy_reason,
-                               ranks, gpus)
-    SELECT u.job_id, u.node, u.attempt, u.last_seen, u.launcher_alive, u.progress, u.healthy, u.unhealthy_reason,
-           u.ranks, u.gpus
-    FROM json_to_recordset(CAST(:rows AS json))
-        AS u(job_id varchar, node varchar, attempt integer, last_seen timestamptz, launcher_alive boolean,
-             progress varchar, healthy boolean, unhealthy_reason text, ranks json, gpus json)
-    ORDER BY u.job_id, u.node
-    ON CONFLICT (job_id, node) DO UPDATE SET
-        attempt = excluded.attempt, last_seen = excluded.last_seen, launcher_alive = excluded.launcher_alive,
-        progress = excluded.progress, healthy = excluded.healthy, unhealthy_reason = excluded.unhealthy_reason,
-        ranks = excluded.ranks, gpus = excluded.gpus
-    WHERE node_liveness.attempt < excluded.attempt
-       OR (node_liveness.attempt = excluded.attempt AND node_liveness.last_seen <= excluded.last_seen)
-    """
-)
+_NODE_UPSERT = LivenessUpsert.of(NodeLiveness, ("job_id", "node"), _NODE_COLUMNS)
 
 
 def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
     """Upsert node rows, newest wins: a row of an older attempt, or received earlier, never overwrites a newer one
     (the coalescing writer may write a node's row after a report of its that came later was stored). On PostgreSQL
     the rows are taken in key order, as by every writer: two writers never wait on each other in a circle."""
-    write_liveness(session, rows, _UPSERT_NODES_POSTGRESQL, _node_upsert("sqlite"))
+    _NODE_UPSERT.write(session, rows)
 
 
 def of_job(session: Session, job_id: str) -> list[NodeLiveness]:

@@ -328,6 +328,58 @@ def test_a_report_stored_under_the_shared_lock_redoes_itself_exclusively_when_th
     assert admin.get(f"/v1/jobs/{job['id']}").json()["status"] == "RUNNING"  # applied: RECOVERING -> RUNNING
 
 
+def test_liveness_rows_written_together_keep_every_value_and_refuse_one_too_long(make_job: Any) -> None:
+    """Rows written in one statement (on PostgreSQL one JSON array per column) come back as written: nulls, quotes,
+    backslashes and non-ASCII text, floats, each row its own; on PostgreSQL (SQLite keeps any length) a value too long
+    for its column fails the write, is never cut to fit."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy.exc import DBAPIError
+
+    from api.core.db import session_scope
+    from api.database.tables import RankLiveness
+    from api.models import liveness
+
+    job_id = make_job()["id"]
+    at = datetime(2026, 12, 3, 12, 0, 0, 123456, tzinfo=UTC)
+    nodes = ['node "a"\\b', "nœud-é", None]
+    rows = [
+        {
+            "job_id": job_id,
+            "rank": rank,
+            "attempt": 0,
+            "node": nodes[rank % 3],
+            "step": 2**40 + rank,
+            "last_seen": at + timedelta(seconds=rank),
+            "throughput": 1.5e300 if rank == 1 else None,
+            "loss": -0.1 * rank,
+            "step_time_s": 0.42,
+            "compute_s": None,
+            "perf_score": 0.0,
+        }
+        for rank in (2, 0, 1)  # in no order: the database takes them in key order
+    ]
+    with session_scope() as session:
+        liveness.write_ranks(session, rows)
+    with session_scope() as session:
+        stored = {
+            r.rank: {c: getattr(r, c) for c in rows[0]}
+            for r in session.query(RankLiveness).filter_by(job_id=job_id).all()
+        }
+    for row in stored.values():
+        row["last_seen"] = row["last_seen"].astimezone(UTC)
+    assert stored == {row["rank"]: row for row in rows}
+
+    with session_scope() as session:
+        if session.get_bind().dialect.name != "postgresql":
+            return
+    too_long = {**rows[0], "node": "n" * 254}  # the column holds 253
+    with pytest.raises(DBAPIError, match="too long"), session_scope() as session:
+        liveness.write_ranks(session, [too_long])
+    with session_scope() as session:
+        assert session.get_one(RankLiveness, (job_id, 2)).node == rows[0]["node"]
+
+
 def test_a_nodes_older_liveness_written_late_never_overwrites_a_newer_one(admin: TestClient, make_job: Any) -> None:
     """The coalescing writer may write a node's row after a later report of the node was stored in its own
     transaction: node rows are upserted newest-wins, as rank rows are."""
