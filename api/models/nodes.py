@@ -6,13 +6,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from pydantic import TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
 from api.models.upsert import LivenessUpsert
 from api.schemas.events import utcnow
-from api.schemas.reports import NodeReport
+from api.schemas.reports import GpuStatus, NodeReport, RankProcessStatus
 
 _NODE_COLUMNS = ("attempt", "last_seen", "launcher_alive", "progress", "healthy", "unhealthy_reason", "ranks", "gpus")
 
@@ -33,9 +34,14 @@ def node_row(job_id: str, report: NodeReport, now: datetime) -> dict[str, Any]:
         "progress": status.progress,
         "healthy": status.healthy,
         "unhealthy_reason": status.unhealthy_reason,
-        "ranks": [r.model_dump(exclude_none=True) for r in status.ranks],
-        "gpus": [g.model_dump(exclude_none=True) for g in status.gpus],
+        "ranks": _RANKS.dump_python(status.ranks, exclude_none=True),
+        "gpus": _GPUS.dump_python(status.gpus, exclude_none=True),
     }
+
+
+# A list dumped in one call: a node's 8 ranks and 8 GPUs, in each of 546 reports a second at 16,384 nodes.
+_RANKS = TypeAdapter(list[RankProcessStatus])
+_GPUS = TypeAdapter(list[GpuStatus])
 
 
 _NODE_UPSERT = LivenessUpsert.of(NodeLiveness, ("job_id", "node"), _NODE_COLUMNS)
