@@ -4,7 +4,7 @@ recovering."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -138,19 +138,24 @@ def test_ranks_past_the_last_step_get_the_initial_timeout_to_finish(
     assert sorted(h["rank"] for h in hangs) == [0, 1]
 
 
+def running_on_nodes(admin: TestClient, make_job: Any, nodes: int) -> tuple[dict[str, Any], datetime]:
+    """A running job of `nodes` nodes of 2 ranks (rank r on node-{r // 2}), each rank heard at step 7; and now."""
+    from api.schemas.events import utcnow
+
+    job = make_job(nodes=nodes, resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
+    supervise(job["id"], force_launch=True)
+    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
+    beats = [{"rank": r, "step": 7, "node": f"node-{r // 2}"} for r in range(2 * nodes)]
+    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats})
+    return job, utcnow()
+
+
 def test_a_hang_is_one_event_per_node_naming_its_silent_ranks(
     admin: TestClient, make_job: Any, backend: ScriptedBackend
 ) -> None:
     """A job-wide hang of 131,072 ranks is 16,384 events, not 131,072: a node's silent ranks are one hang, led by
     its longest-silent rank; a rank of the node found silent on a later pass adds nothing to it."""
-    from api.schemas.events import utcnow
-
-    job = make_job(nodes=2, resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
-    supervise(job["id"], force_launch=True)
-    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
-    beats = [{"rank": r, "step": 7, "node": f"node-{r // 2}"} for r in range(4)]
-    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats})
-    now = utcnow()
+    job, now = running_on_nodes(admin, make_job, 2)
     last_seen(job["id"], {0: 12.0, 1: 12.5, 2: 11.0, 3: 0.5}, now)
     supervise(job["id"])
 
@@ -262,16 +267,10 @@ def test_a_pass_stores_the_longest_silent_hangs_first_and_the_rest_on_the_next(
     """A job-wide hang is one hang per node; a pass stores at most `MAX_NEW_HANGS_PER_PASS` new ones, the
     longest-silent first (each led and listed as when stored at once), and the next passes the rest; the escalation
     reads every silent rank, whether its hang is stored yet or not."""
-    from api.schemas.events import utcnow
     from workers.supervision import detect_silent_ranks
 
     monkeypatch.setattr(detect_silent_ranks, "MAX_NEW_HANGS_PER_PASS", 2)
-    job = make_job(nodes=5, resiliency={"heartbeat_timeout_s": 10, "max_job_restarts": 1})
-    supervise(job["id"], force_launch=True)
-    admin.post(f"/v1/jobs/{job['id']}/events", json={"events": [{"key": "run", "type": "running"}]})
-    beats = [{"rank": r, "step": 7, "node": f"node-{r // 2}"} for r in range(10)]
-    admin.post(f"/v1/jobs/{job['id']}/heartbeats", json={"heartbeats": beats})
-    now = utcnow()
+    job, now = running_on_nodes(admin, make_job, 5)
     # node-3 the longest silent, then node-1, node-4, node-0, node-2 (each node's ranks 0.5 s apart)
     quiet = {3: 16.0, 1: 15.0, 4: 14.0, 0: 13.0, 2: 12.0}
     last_seen(job["id"], {r: quiet[r // 2] + 0.5 * (r % 2) for r in range(10)}, now)
