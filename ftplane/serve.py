@@ -7,7 +7,6 @@ import ipaddress
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Annotated
 import typer
 
 from ftplane.client import ADMIN_TOKEN_FILE
+from ftplane.restarting import RestartingChild
 from ftplane.terminal import err, fail
 
 KEEP_ALIVE_S = 75  # longer than a node agent's keep-alive (60 s), so the agent, not the server, closes
@@ -116,20 +116,10 @@ def serve(
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     if only in (Part.all, Part.api):
         bootstrap_admin_token()
-    children: list[subprocess.Popen[bytes]] = []
     if only in (Part.worker, Part.beat):
         os.execv(sys.executable, celery_command(only))
-    if only == Part.all:
-        children.append(subprocess.Popen(celery_command(Part.all), preexec_fn=die_with_parent))
-
-    def stop(*_: object) -> None:
-        for child in children:
-            child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
+    # the worker (with beat) is started again if it exits: without it nothing would supervise the jobs
+    worker = RestartingChild(celery_command(Part.all), "worker", die_with_parent) if only == Part.all else None
 
     import uvicorn
 
@@ -153,4 +143,5 @@ def serve(
             access_log=settings.access_log,
         )
     finally:
-        stop()
+        if worker is not None:
+            worker.stop()

@@ -93,6 +93,43 @@ def _environ(process: psutil.Process) -> dict[str, str]:
         return {}
 
 
+def test_serve_starts_its_worker_again_when_it_dies(tmp_path: Path) -> None:
+    """The worker (with beat) that `ftplane serve` runs beside the API, killed outright, is started again, and it
+    supervises: a job submitted after it died leaves PENDING."""
+    with ftplane_server(tmp_path) as env:
+        killed = _worker_of(env)
+        assert killed is not None, "no worker process of the server found"
+        killed.kill()
+        deadline = time.monotonic() + 60
+        while (worker := _worker_of(env)) is None or worker.pid == killed.pid:
+            assert time.monotonic() < deadline, "the worker was not started again"
+            time.sleep(0.2)
+        spec = tmp_path / "job.yaml"
+        spec.write_text(
+            "name: after-worker-died\ncommand: [python, -c, 'import time; time.sleep(30)']\nprocs_per_node: 1\n"
+        )
+        job_id = json.loads(ftplane(env, "submit", "-f", str(spec), "-o", "json").stdout)["id"]
+        while json.loads(ftplane(env, "describe", "job", job_id, "-o", "json").stdout)["status"] == "PENDING":
+            assert time.monotonic() < deadline, "the job was never launched"
+            time.sleep(0.3)
+        ftplane(env, "cancel", job_id)
+        ftplane(env, "events", job_id, "--follow")  # returns once the job ends
+
+
+def _worker_of(env: dict[str, str]) -> psutil.Process | None:
+    """The server's live Celery worker process (`python -P -m workers worker ...`)."""
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = process.info["cmdline"] or []
+        live = process.info["status"] != psutil.STATUS_ZOMBIE
+        if (
+            live
+            and cmdline[2:5] == ["-m", "workers", "worker"]
+            and _environ(process).get("FTPLANE_PORT") == env["FTPLANE_PORT"]
+        ):
+            return process
+    return None
+
+
 def test_submit_get_describe_events_cancel(served: dict[str, str]) -> None:
     spec = Path(served["WORKDIR"]) / "job.yaml"
     spec.write_text(
