@@ -177,11 +177,13 @@ def uvicorn_api(
     workdir: Path,
     *,
     workers: int = 1,
-    ready_timeout: float = 60,
+    ready_timeout: float = 180,
     env: Mapping[str, str] | None = None,
 ) -> Iterator[ApiServer]:
     """`uvicorn api.main:create_served_app` (the API as `ftplane serve` runs it, alone: no Celery worker, no beat) on
-    a free loopback port."""
+    a free loopback port. `ready_timeout` bounds a start that never ends, not a slow one: importing the API takes 4 s
+    on an idle two-core machine, and a start took over 60 s in the test suite's ingest smoke while the suite's four
+    workers and their end-to-end jobs shared its two cores."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     environment = server_env(database_url, workdir / ".ftplane", **(env or {}))
