@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps([as_json(r) for r in runs], indent=2))
     restarting, hung = runs
     first = min(args.nodes, MAX_NEW_HANGS_PER_PASS)
-    stored = args.nodes if args.passes * MAX_NEW_HANGS_PER_PASS >= args.nodes else args.passes * first
+    stored = min(args.nodes, args.passes * MAX_NEW_HANGS_PER_PASS)
     expected = restarting.events_after_all == 0 and (hung.events_after_first, hung.events_after_all) == (first, stored)
     return 0 if expected and not any(r.escalated for r in runs) else 1
 

@@ -27,7 +27,6 @@ class RestartingChild:
         self.command = list(command)
         self.name = name
         self.preexec_fn = preexec_fn
-        self.restarts = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._process = self._start()
@@ -70,5 +69,4 @@ class RestartingChild:
                 if self._stopping.is_set():
                     return
                 self._process = self._start()
-                self.restarts += 1
             delay = min(2 * delay, MAX_DELAY_S)
