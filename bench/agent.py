@@ -4,10 +4,10 @@
 
 `overhead`: one agent (`python -m ftplane.trainer.agent`) whose "launcher" starts `--ranks` rank processes;
 each rank is a real SDK user (`ftplane.trainer.sdk`: `run.step()` ten times a second, heartbeats to the
-agent every 0.5 s), and the agent reports every second to the real API (uvicorn, PostgreSQL). After
-a warm-up, the benchmark reads the agent process's own CPU time and resident memory from /proc over
-`--seconds` (its children, the ranks, are not counted). Baseline, same run: an idle Python
-interpreter (what any Python process costs before it does anything).
+agent every 0.5 s), and the agent reports every second to the real API (uvicorn, PostgreSQL). Once every
+rank has reported and a `--warmup` has passed, the benchmark reads the agent process's own CPU time and
+resident memory from /proc over `--seconds` (its children, the ranks, are not counted). Baseline, same
+run: an idle Python interpreter (what any Python process costs before it does anything).
 
 `crash`: one agent starting real ft_launcher (NVRx on CPU, gloo) with 2 ranks of a plain script.
 `--kills` times, the benchmark SIGKILLs rank 1 itself and takes three times from its own clock: the
@@ -143,11 +143,16 @@ def overhead(url: str, admin: str, workdir: Path, *, ranks: int, seconds: float,
     job = make_job(url, admin, procs=ranks)
     agent = start_agent(url, job, [sys.executable, "-c", LAUNCHER_SCRIPT, str(ranks), RANK_SCRIPT], workdir)
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-    try:
-        time.sleep(warmup)
+    headers = {"Authorization": f"Bearer {admin}"}
+
+    def every_rank_reported() -> bool:
         assert agent.poll() is None, (workdir / "agent.log").read_text()[-2000:]
-        beats = httpx.get(f"{url}/v1/jobs/{job['id']}/ranks", headers={"Authorization": f"Bearer {admin}"}).json()
-        assert len(beats) == ranks, f"{len(beats)} of {ranks} ranks reported"
+        return len(httpx.get(f"{url}/v1/jobs/{job['id']}/ranks", headers=headers).json()) == ranks
+
+    try:
+        # The ranks start at the machine's pace; the warmup counts from when all of them report.
+        _wait(every_rank_reported, poll=0.5)
+        time.sleep(warmup)
         agent_cores, agent_mb = measure(psutil.Process(agent.pid), seconds)
         idle_cores, idle_mb = measure(psutil.Process(idle.pid), min(seconds, 10))
     finally:
@@ -249,7 +254,9 @@ def _wait(condition: Any, poll: float, timeout: float = 120) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="overhead: measuring window")
-    parser.add_argument("--warmup", type=float, default=10.0, help="overhead: seconds before measuring")
+    parser.add_argument(
+        "--warmup", type=float, default=10.0, help="overhead: seconds from every rank reported to measuring"
+    )
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--kills", type=int, default=5)
     args = parser.parse_args(argv)
