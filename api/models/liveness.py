@@ -25,7 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from api.database.tables import RankLiveness
-from api.models.upsert import LivenessUpsert
+from api.models.upsert import ColumnarUpsert, newest_wins
 from api.schemas.events import HeartbeatIn, utcnow
 
 
@@ -60,7 +60,7 @@ def rank_row(job_id: str, attempt: int, beat: Any, now: datetime) -> dict[str, A
     }
 
 
-_RANK_UPSERT = LivenessUpsert.of(RankLiveness, ("job_id", "rank"), _RANK_COLUMNS)
+_RANK_UPSERT = ColumnarUpsert.of(RankLiveness, ("job_id", "rank"), _RANK_COLUMNS, newest_wins)
 
 
 def write_ranks(session: Session, rows: list[dict[str, Any]]) -> None:

@@ -11,7 +11,7 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from api.database.tables import Event, FleetNode, NodeFault, NodeLedgerCursor, NodeRun
-from api.models.upsert import insert_for
+from api.models.upsert import ColumnarUpsert, insert_for, seen_later
 from api.schemas.events import utcnow
 
 CURSOR = "events"
@@ -72,39 +72,30 @@ def injected(session: Session, job_id: str, attempt: int, kind: str, *, node: st
     return False
 
 
+# A node or run seen again only moves its `last_seen` forward; a new node is healthy (its state is the rule's).
+_NODES_SEEN = ColumnarUpsert.of(
+    FleetNode, ("name",), ("last_seen",), seen_later, ("state", "state_since", "quarantines", "first_seen")
+)
+_RUNS_SEEN = ColumnarUpsert.of(NodeRun, ("node", "job_id", "attempt"), ("last_seen",), seen_later, ("first_seen",))
+
+
 def ensure_nodes(session: Session, seen: dict[str, tuple[datetime, datetime]]) -> None:
     """Make the nodes not known yet (healthy), and move `last_seen` of those known forward."""
-    if not seen:
-        return
     now = utcnow()
     rows = [
         {"name": name, "state": "healthy", "state_since": now, "quarantines": 0, "first_seen": first, "last_seen": last}
-        for name, (first, last) in sorted(seen.items())
+        for name, (first, last) in seen.items()
     ]
-    stmt = insert_for(session, FleetNode)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["name"],
-        set_={"last_seen": stmt.excluded.last_seen},
-        where=FleetNode.__table__.c.last_seen < stmt.excluded.last_seen,
-    )
-    session.execute(stmt, rows)
+    _NODES_SEEN.write(session, rows)
 
 
 def record_runs(session: Session, runs: dict[tuple[str, str, int], tuple[datetime, datetime]]) -> None:
     """Each (node, job, attempt) seen, first and last (a run seen again only moves its `last_seen` forward)."""
-    if not runs:
-        return
     rows = [
         {"node": node, "job_id": job, "attempt": attempt, "first_seen": first, "last_seen": last}
-        for (node, job, attempt), (first, last) in sorted(runs.items())
+        for (node, job, attempt), (first, last) in runs.items()
     ]
-    stmt = insert_for(session, NodeRun)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["node", "job_id", "attempt"],
-        set_={"last_seen": stmt.excluded.last_seen},
-        where=NodeRun.__table__.c.last_seen < stmt.excluded.last_seen,
-    )
-    session.execute(stmt, rows)
+    _RUNS_SEEN.write(session, rows)
 
 
 def faults_by_key(session: Session, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], NodeFault]:

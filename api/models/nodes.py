@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
-from api.models.upsert import LivenessUpsert
+from api.models.upsert import ColumnarUpsert, newest_wins
 from api.schemas.events import utcnow
 from api.schemas.reports import GpuStatus, NodeReport, RankProcessStatus
 
@@ -44,7 +44,7 @@ _RANKS = TypeAdapter(list[RankProcessStatus])
 _GPUS = TypeAdapter(list[GpuStatus])
 
 
-_NODE_UPSERT = LivenessUpsert.of(NodeLiveness, ("job_id", "node"), _NODE_COLUMNS)
+_NODE_UPSERT = ColumnarUpsert.of(NodeLiveness, ("job_id", "node"), _NODE_COLUMNS, newest_wins)
 
 
 def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:

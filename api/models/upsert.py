@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import JSON, ColumnElement, String, Table, TextClause, text
+from sqlalchemy import JSON, ColumnElement, DateTime, String, Table, TextClause, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -40,30 +41,53 @@ def newest_wins(old: Any, new: Any) -> Any:
     return (old.attempt < new.attempt) | ((old.attempt == new.attempt) & (old.last_seen <= new.last_seen))
 
 
+def seen_later(old: Any, new: Any) -> Any:
+    """The node ledger's rule: a row's `last_seen` only moves forward."""
+    return old.last_seen < new.last_seen
+
+
 @dataclass(frozen=True)
-class LivenessUpsert:
-    """The upsert of one liveness table's rows, newest wins (`newest_wins`). On PostgreSQL the rows travel as one
-    JSON array per column, zipped back into rows by the database (`ROWS FROM`) and taken in key order, as by every
-    writer: one statement and one parse whatever their number, no bound parameter per value and no key name per
-    row. On SQLite an executemany."""
+class ColumnarUpsert:
+    """The upsert of one table's rows, the held row's `columns` written over where `newer(held, sent)` holds. On
+    PostgreSQL the rows travel as one JSON array per column, zipped back into rows by the database (`ROWS FROM`)
+    and taken in key order, as by every writer: one statement and one parse whatever their number, no bound
+    parameter per value and no key name per row. On SQLite an executemany."""
 
     table: Table
     keys: tuple[str, ...]
-    columns: tuple[str, ...]  # written over an older row's
+    columns: tuple[str, ...]  # written over a held row's where `newer`
+    newer: Callable[[Any, Any], ColumnElement[bool]]
+    inserted_only: tuple[str, ...] = ()  # a new row's, never written over
 
     @classmethod
-    def of(cls, model: type[Any], keys: tuple[str, ...], columns: tuple[str, ...]) -> LivenessUpsert:
+    def of(
+        cls,
+        model: type[Any],
+        keys: tuple[str, ...],
+        columns: tuple[str, ...],
+        newer: Callable[[Any, Any], ColumnElement[bool]],
+        inserted_only: tuple[str, ...] = (),
+    ) -> ColumnarUpsert:
         """Of a mapped class's table."""
         table = model.__table__
         assert isinstance(table, Table)
-        return cls(table, keys, columns)
+        return cls(table, keys, columns, newer, inserted_only)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (*self.keys, *self.columns, *self.inserted_only)
+
+    @cached_property
+    def _instants(self) -> frozenset[str]:
+        """The columns sent as ISO 8601 text (JSON has no datetime)."""
+        types = {name: self.table.c[name].type for name in self.names}
+        return frozenset(name for name, type_ in types.items() if isinstance(getattr(type_, "impl", type_), DateTime))
 
     @cached_property
     def on_postgresql(self) -> TextClause:
-        names = (*self.keys, *self.columns)
         dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
         sources, values = [], []
-        for name in names:
+        for name in self.names:
             column_type = self.table.c[name].type
             if isinstance(column_type, JSON):  # kept as sent
                 sources.append(f"json_array_elements(CAST(:{name} AS json))")
@@ -73,12 +97,12 @@ class LivenessUpsert:
                 sources.append(f"json_array_elements_text(CAST(:{name} AS json))")
                 values.append(f"CAST(u.{name} AS {sql_type})")
         excluded = self.table.alias("excluded")
-        rule: ColumnElement[bool] = newest_wins(self.table.c, excluded.c)
+        rule = self.newer(self.table.c, excluded.c)
         newer = rule.compile(dialect=dialect, compile_kwargs={"literal_binds": True})
         return text(
-            f"INSERT INTO {self.table.name} ({', '.join(names)})\n"
+            f"INSERT INTO {self.table.name} ({', '.join(self.names)})\n"
             f"SELECT {', '.join(values)}\n"
-            f"FROM ROWS FROM ({', '.join(sources)}) AS u({', '.join(names)})\n"
+            f"FROM ROWS FROM ({', '.join(sources)}) AS u({', '.join(self.names)})\n"
             f"ORDER BY {', '.join(str(place) for place in range(1, len(self.keys) + 1))}\n"
             f"ON CONFLICT ({', '.join(self.keys)}) DO UPDATE SET "
             f"{', '.join(f'{name} = excluded.{name}' for name in self.columns)}\n"
@@ -87,7 +111,7 @@ class LivenessUpsert:
 
     @cached_property
     def on_sqlite(self) -> Any:
-        return upsert("sqlite", self.table, list(self.keys), self.columns, newest_wins)
+        return upsert("sqlite", self.table, list(self.keys), self.columns, self.newer)
 
     def write(self, session: Session, rows: list[dict[str, Any]]) -> None:
         if not rows:
@@ -96,9 +120,9 @@ class LivenessUpsert:
             session.connection().execute(self.on_sqlite, rows)
             return
         params = {}
-        for name in (*self.keys, *self.columns):
+        for name in self.names:
             values = [row[name] for row in rows]
-            if name == "last_seen":
-                values = [at.isoformat() for at in values]
+            if name in self._instants:
+                values = [at.isoformat() if at is not None else None for at in values]
             params[name] = json.dumps(values)
         session.execute(self.on_postgresql, params)

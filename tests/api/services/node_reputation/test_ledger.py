@@ -278,6 +278,35 @@ def test_node_names_are_recorded_as_the_fleet_names_them(
         assert list(session.scalars(select(FleetNode.name))) == ["myhost-n0"]
 
 
+def test_nodes_and_runs_seen_again_move_only_their_last_seen_forward(make_job: Callable[..., dict[str, Any]]) -> None:
+    """The ledger's rows written together (on PostgreSQL one JSON array per column): a new node is healthy; one
+    seen again keeps its first sighting and its state, and its `last_seen` moves forward, never back."""
+    from sqlalchemy import update
+
+    from api.database.tables import NodeRun
+    from api.models import node_ledger
+
+    job_id = make_job()["id"]
+    at = datetime(2026, 12, 7, 12, 0, 0, 123456, tzinfo=UTC)
+    minute = timedelta(minutes=1)
+    with session_scope() as session:  # in no order: the database takes them in key order
+        node_ledger.ensure_nodes(session, {"n-b": (at, at + minute), "n-a": (at, at)})
+        node_ledger.record_runs(session, {("n-b", job_id, 1): (at, at + minute), ("n-a", job_id, 0): (at, at)})
+        session.execute(update(FleetNode).where(FleetNode.name == "n-a").values(state="suspect"))
+    with session_scope() as session:
+        node_ledger.ensure_nodes(session, {"n-a": (at + minute, at + 2 * minute), "n-b": (at + minute, at)})
+        node_ledger.record_runs(
+            session, {("n-a", job_id, 0): (at + minute, at + 2 * minute), ("n-b", job_id, 1): (at, at)}
+        )
+    with session_scope() as session:
+        nodes = {
+            n.name: (n.state, n.quarantines, n.first_seen, n.last_seen) for n in session.scalars(select(FleetNode))
+        }
+        runs = {(r.node, r.attempt): (r.first_seen, r.last_seen) for r in session.scalars(select(NodeRun))}
+    assert nodes == {"n-a": ("suspect", 0, at, at + 2 * minute), "n-b": ("healthy", 0, at, at + minute)}
+    assert runs == {("n-a", 0): (at, at + 2 * minute), ("n-b", 1): (at, at + minute)}
+
+
 def cursor() -> int:
     with session_scope() as session:
         return int(session.scalar(select(NodeLedgerCursor.position)) or 0)
