@@ -11,7 +11,7 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from api.database.tables import Event, FleetNode, NodeFault, NodeLedgerCursor, NodeRun
-from api.models.upsert import ColumnarUpsert, insert_for, seen_later
+from api.models.upsert import ColumnarUpsert, insert_for
 from api.schemas.events import utcnow
 
 CURSOR = "events"
@@ -72,11 +72,16 @@ def injected(session: Session, job_id: str, attempt: int, kind: str, *, node: st
     return False
 
 
-# A node or run seen again only moves its `last_seen` forward; a new node is healthy (its state is the rule's).
+def _seen_later(old: Any, new: Any) -> Any:
+    """A node or run seen again only moves its `last_seen` forward."""
+    return old.last_seen < new.last_seen
+
+
+# A new node is healthy (its state is the rule's); one seen again keeps all but its `last_seen`.
 _NODES_SEEN = ColumnarUpsert.of(
-    FleetNode, ("name",), ("last_seen",), seen_later, ("state", "state_since", "quarantines", "first_seen")
+    FleetNode, ("name",), ("last_seen",), _seen_later, ("state", "state_since", "quarantines", "first_seen")
 )
-_RUNS_SEEN = ColumnarUpsert.of(NodeRun, ("node", "job_id", "attempt"), ("last_seen",), seen_later, ("first_seen",))
+_RUNS_SEEN = ColumnarUpsert.of(NodeRun, ("node", "job_id", "attempt"), ("last_seen",), _seen_later, ("first_seen",))
 
 
 def ensure_nodes(session: Session, seen: dict[str, tuple[datetime, datetime]]) -> None:

@@ -41,11 +41,6 @@ def newest_wins(old: Any, new: Any) -> Any:
     return (old.attempt < new.attempt) | ((old.attempt == new.attempt) & (old.last_seen <= new.last_seen))
 
 
-def seen_later(old: Any, new: Any) -> Any:
-    """The node ledger's rule: a row's `last_seen` only moves forward."""
-    return old.last_seen < new.last_seen
-
-
 @dataclass(frozen=True)
 class ColumnarUpsert:
     """The upsert of one table's rows, the held row's `columns` written over where `newer(held, sent)` holds. On
