@@ -108,6 +108,7 @@ class TcpProxy:
         self.target = (target_host, target_port)
         self.port = free_port()
         self.mode = "forward"
+        self.stalled = 0  # connections accepted while stalled: each one a client waiting out its connect timeout
         self._selector = selectors.DefaultSelector()
         self._pairs: dict[socket.socket, socket.socket] = {}
         self._listener: socket.socket | None = None
@@ -194,6 +195,7 @@ class TcpProxy:
             return
         if self.mode == "stall":
             held.append(client)
+            self.stalled += 1
             return
         try:
             upstream = socket.create_connection(self.target, timeout=5)
