@@ -23,7 +23,8 @@ TERMINATION_SIGNALS = ("SIGTERM", "SIGKILL")
 
 
 def is_collateral(failure: PodFailure, failing: dict[str, Any] | None) -> bool:
-    """A pod the failing Job terminated: stopped by a signal at or after the Job's FailureTarget (or Failed)."""
+    """A pod the failing Job terminated: stopped by a signal at or after `failing`, the Job's FailureTarget (or
+    its Failed where it has none; never Failed's time when it has both: the pods stop before it)."""
     ended = parse_ts((failing or {}).get("lastTransitionTime"))
     stopped = failure.cause.cause_class == CauseClass.crash and failure.cause.facts.get("signal") in TERMINATION_SIGNALS
     return stopped and ended is not None and failure.at is not None and failure.at >= ended

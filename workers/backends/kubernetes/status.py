@@ -218,7 +218,9 @@ class AttemptView:
         return out, deleted
 
     def _failing(self) -> dict[str, Any] | None:
-        return condition(self.job, "Failed") or condition(self.job, "FailureTarget")
+        """The condition that says the Job began to fail: FailureTarget, added before the controller stops the
+        other pods (it stays when Failed follows, once they all stopped); Failed alone where there is none."""
+        return condition(self.job, "FailureTarget") or condition(self.job, "Failed")
 
     # --- the verdict
 

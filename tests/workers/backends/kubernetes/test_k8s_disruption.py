@@ -71,6 +71,26 @@ def test_spot_interruptions_restart_from_the_preemption_budget(admin, fake, supe
     assert detail["status"] == "FAILED" and detail["status_reason"].endswith("preemption budget (1) spent")
 
 
+def test_the_pods_a_failing_job_stops_before_it_is_failed_are_its_consequences(admin, fake, supervised):
+    """The Job controller adds FailureTarget, stops the other pods (each in its own time within its grace), and
+    adds Failed once the last one stopped: a pod that stopped in between was stopped by the failing Job. Judged
+    against Failed's time, such a pod read as a crash of its own, and the attempt's cause when it stopped in the
+    eviction's second (a CI run saw a spot interruption become "exit code 143 after rank failure")."""
+    fake.hold_termination = True  # each container outlives SIGTERM until the test ends it
+    job_id, _, a0 = start_job(admin, fake, nodes=3)
+    fake.drain(fake.pod(a0, NS, 1)["spec"]["nodeName"], taint=DISRUPTED)
+    fake.exit(a0, NS, 1, 143)  # the evicted pod honours its SIGTERM: the Job is failing
+    fake.exit(a0, NS, 0, 143)  # stopped by the failing Job within the same second
+    fake.advance(2)
+    fake.exit(a0, NS, 2, 143)  # the last one: the Job is Failed now, two seconds on
+    supervise()
+    detail = job_detail(admin, job_id)
+    assert detail["attempt"] == 1 and "evicted through the Eviction API" in detail["attempts"][0]["cause"]
+    (restart,) = events_of(admin, job_id, "job_restart")
+    assert restart["details"]["cause_class"] == "preempted"
+    assert events_of(admin, job_id, "rank_failed") == []  # neither stopped pod is taken for a crash
+
+
 def test_a_disk_pressure_eviction_for_the_jobs_own_disk_use_is_the_jobs(fake, backend):
     """Finding 14: the node agent's and the ranks' output grew in the container's writable layer with no
     ephemeral-storage request, and the disk-pressure eviction that followed was blamed on the node. The pods now
