@@ -272,22 +272,28 @@ def _interval(saves: Sequence[_Save]) -> int | None:
 
 
 def _step_time(windows: Sequence[Window], saves: Sequence[_Save], recs: Sequence[Record], t: Clock) -> float | None:
-    """Seconds per step, stalls excluded: each run's time to its furthest progress point over its steps."""
+    """Seconds per step, stalls excluded: each run's time to its furthest progress point over its steps. A step the
+    agent saw a rank show (`step_at`) counts until the run's window ends, after its failure's onset too: a rank
+    outlives a fault handed over to it a moment, and trains meanwhile (the time is lost, the pace is its own)."""
     busy_total = 0.0
     steps_total = 0
-    points = [(s.begin, s.step) for s in saves if s.step is not None]
+    points = [(s.begin, s.step, False) for s in saves if s.step is not None]  # (time, step, shown by a rank then)
     for r in recs:
         if r.step is None or r.type not in PROGRESS_TYPES:
             continue
         if r.details.get("source") != "launcher":
-            points.append((onset_time(r, t), r.step))
+            points.append((onset_time(r, t), r.step, False))
         elif (seen_at := _time(r.details.get("step_at"))) is not None:
-            points.append((t(seen_at), r.step))  # observed late, but the agent says when the rank showed the step
+            points.append((t(seen_at), r.step, True))  # observed late, but the agent says when the rank showed the step
     for w in windows:
         if w.run is None or w.run.start_step is None:
             continue
         start_step = w.run.start_step
-        inside = [(at, step) for at, step in points if w.start <= at <= w.train_end and step > start_step]
+        inside = [
+            (at, step)
+            for at, step, shown in points
+            if w.start <= at <= (w.end if shown else w.train_end) and step > start_step
+        ]
         if not inside:
             continue
         at, step = max(inside, key=lambda p: p[1])

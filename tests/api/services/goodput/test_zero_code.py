@@ -107,3 +107,15 @@ def test_a_succeeded_runs_steps_after_its_last_checkpoint_are_productive() -> No
 
     at_the_end = run([*history, ev("succeeded", 45, final_step=100)])
     assert lost(at_the_end) == {"initialization": 10, "checkpoint_stall": 1, "shutdown": 14}
+
+
+def test_the_step_a_rank_showed_after_its_fault_was_handed_over_still_times_the_steps() -> None:
+    """A crash handed over at 39.5 (the run's lost time starts there) that the rank outlives for a moment: the agent
+    read its step 150 at 40, after the onset. That point still says 150 steps took 10..40 (the rank was training
+    then): 0.2 s per step and 50 steps redone, not "no step time" and none redone (a loaded CI run saw that)."""
+    history = zero_code_restart(resumed_from=100)
+    history.insert(3, ev("fault_injected", 39.5, kind="crash", source="control_plane"))
+    g = run(history)
+    assert_partition(g)
+    assert g.step_time_s == pytest.approx(0.2)
+    assert g.recomputed_steps == 50 and lost(g)["recompute"] == pytest.approx(10)
