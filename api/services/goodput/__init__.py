@@ -80,7 +80,8 @@ Per attempt
 Step time
     Seconds per step, stalls excluded, from each run's progress points: (run start, start_step),
     (save start, checkpoint step), (onset, step of the fault or silence; a launcher-observed failure
-    at its details.step_at, when the agent read its last step). Over all runs with a start step: the
+    at its details.step_at, when the agent read its last step: that one counts to the run's window end,
+    past its failure's onset, since the rank trained until then). Over all runs with a start step: the
     sum of each run's time to its furthest point over the sum of its steps.
 
 Launcher phases (inside initialization and restart, where NVRx 0.5+ times its cycles): launcher_phases.py.

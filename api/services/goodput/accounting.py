@@ -272,9 +272,8 @@ def _interval(saves: Sequence[_Save]) -> int | None:
 
 
 def _step_time(windows: Sequence[Window], saves: Sequence[_Save], recs: Sequence[Record], t: Clock) -> float | None:
-    """Seconds per step, stalls excluded: each run's time to its furthest progress point over its steps. A step the
-    agent saw a rank show (`step_at`) counts until the run's window ends, after its failure's onset too: a rank
-    outlives a fault handed over to it a moment, and trains meanwhile (the time is lost, the pace is its own)."""
+    """Seconds per step, stalls excluded (the module's docstring). A rank outlives a fault handed over to it a
+    moment and trains meanwhile: the time is lost, but the step it showed then times its steps."""
     busy_total = 0.0
     steps_total = 0
     points = [(s.begin, s.step, False) for s in saves if s.step is not None]  # (time, step, shown by a rank then)
