@@ -35,6 +35,9 @@ class Load:
     warmup_s: float = 1.0
     method: str = "POST"  # GET sends no body
     rate_per_s: float = 0.0  # 0: back to back
+    # paced GET only: each of the `concurrency` connections opened (and used once) before the window, request i on
+    # connection i % concurrency, so that each is idle between its requests, as a node agent's is between reports
+    spread: bool = False
 
 
 @dataclass
@@ -45,6 +48,7 @@ class LoadResult:
     latencies_ms: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
     cpu_cores: float = 0.0
+    connections: int = 0  # that carried the measured requests (closed loop or paced: at most)
 
     def p(self, q: float) -> float:
         return percentile(self.latencies_ms, q)
@@ -88,7 +92,7 @@ def load_line(label: str, requests_per_s: float, result: LoadResult, cpu: dict[s
 
 
 def _load_child(load: Load, queue: Any) -> None:
-    asyncio.run(_drive(load, queue.put))
+    asyncio.run(_drive_spread(load, queue.put) if load.spread else _drive(load, queue.put))
 
 
 async def _drive(load: Load, report: Callable[[Any], None]) -> LoadResult:
@@ -151,8 +155,65 @@ async def _drive(load: Load, report: Callable[[Any], None]) -> LoadResult:
         await asyncio.gather(*(worker() for _ in range(load.concurrency)))
         elapsed = time.monotonic() - started
         cpu_cores = (time.process_time() - started_cpu) / max(1e-9, elapsed)
-        result = LoadResult(counter, errors, elapsed, latencies, statuses, cpu_cores)
+        result = LoadResult(counter, errors, elapsed, latencies, statuses, cpu_cores, load.concurrency)
         report(result)  # before the connections close: the window ends with the load
+    return result
+
+
+async def _drive_spread(load: Load, report: Callable[[Any], None]) -> LoadResult:
+    """`load` with `spread` (see Load): one kept-alive HTTP/1.1 connection each, opened and used once before the
+    window, a batch at a time."""
+    from urllib.parse import urlsplit
+
+    from bench.scale.wire import Connection
+
+    assert load.method == "GET" and load.rate_per_s > 0, "spread is for a paced GET"
+    url = urlsplit(load.url)
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    request = (
+        f"GET {load.path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {load.token}\r\n\r\n"
+    ).encode()
+    loop = asyncio.get_running_loop()
+    connections: list[Connection] = []
+    batch = 256
+    for first in range(0, load.concurrency, batch):
+        opened = await asyncio.gather(
+            *(loop.create_connection(Connection, host, port) for _ in range(min(batch, load.concurrency - first)))
+        )
+        connections += [connection for _, connection in opened]
+        await asyncio.gather(*(c.exchange(request, 60) for c in connections[first:]))
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    errors = 0
+
+    async def one(i: int) -> None:
+        nonlocal errors
+        t = time.perf_counter()
+        try:
+            reply = await connections[i % len(connections)].exchange(request, 60)
+        except (ConnectionError, TimeoutError):
+            errors += 1
+            return
+        statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
+        if reply.status_code == 200:
+            latencies.append((time.perf_counter() - t) * 1000)
+        else:
+            errors += 1
+
+    report(_MEASURING)
+    started_cpu = time.process_time()
+    started = time.monotonic()
+    sent: list[asyncio.Task[None]] = []
+    while (due := started + len(sent) / load.rate_per_s) < started + load.duration_s:
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        sent.append(asyncio.ensure_future(one(len(sent))))
+    await asyncio.gather(*sent)
+    elapsed = time.monotonic() - started
+    cpu_cores = (time.process_time() - started_cpu) / max(1e-9, elapsed)
+    result = LoadResult(len(sent), errors, elapsed, latencies, statuses, cpu_cores, min(len(sent), len(connections)))
+    report(result)
+    for connection in connections:
+        connection.close()
     return result
 
 

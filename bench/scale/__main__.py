@@ -144,8 +144,12 @@ def main(argv: list[str] | None = None) -> int:
             result, cpu = cp.healthz_baseline(args.baseline)
             baseline = baseline_figures(result, cpu)
             # per request, a server answering a few hundred a second pays wakeups that one at saturation shares
-            result, cpu = cp.healthz_baseline(args.baseline, rate_per_s=p.jobs * p.nodes / p.report_interval_s)
+            rate = p.jobs * p.nodes / p.report_interval_s
+            result, cpu = cp.healthz_baseline(args.baseline, rate_per_s=rate)
             baseline["paced"] = baseline_figures(result, cpu)
+            # and one answering each on a connection idle since its last, as the nodes' reports come, pays that too
+            result, cpu = cp.healthz_baseline(args.baseline, connections=p.jobs * p.nodes, rate_per_s=rate, spread=True)
+            baseline["per_node"] = baseline_figures(result, cpu)
             run = run_jobs if steady else run_one_job
             with quiet_uplinks():
                 figures = run_loop(run(p, cp, workdir, baseline))

@@ -81,12 +81,21 @@ class ControlPlane:
         return CpuMeter({**groups, **(extra or {})})
 
     def healthz_baseline(
-        self, seconds: float, connections: int = 16, rate_per_s: float = 0.0
+        self, seconds: float, connections: int = 16, rate_per_s: float = 0.0, spread: bool = False
     ) -> tuple[LoadResult, dict[str, float]]:
         """GET /healthz on the same API, metered as the run is: the same-run baseline, back to back (0) or paced at
-        `rate_per_s`."""
+        `rate_per_s`; `spread`, paced over `connections` each idle between its requests (bench/load.py)."""
         load = Load(
-            self.url, "/healthz", self.admin, [b""], connections, seconds, 10**9, method="GET", rate_per_s=rate_per_s
+            self.url,
+            "/healthz",
+            self.admin,
+            [b""],
+            connections,
+            seconds,
+            10**9,
+            method="GET",
+            rate_per_s=rate_per_s,
+            spread=spread,
         )
         return run_load(load, self.meter())
 

@@ -118,6 +118,7 @@ def ingest_figures(fleet: Fleet, window: Window, baseline: dict[str, Any], nodes
         "api_us_per_report": api_us,
         "api_cost_vs_healthz": cost_ratio(api_us, baseline),
         "api_cost_vs_paced_healthz": cost_ratio(api_us, baseline.get("paced", {})),
+        "api_cost_vs_per_node_healthz": cost_ratio(api_us, baseline.get("per_node", {})),
         "simulator_cores": window.simulator_cpu,
         "simulator_us_per_post": window.simulator_cpu * elapsed / max(tally.posts, 1) * 1e6,
     }
@@ -150,6 +151,7 @@ def baseline_figures(result: LoadResult, cpu: dict[str, float]) -> dict[str, Any
         "api_us_per_request": cpu.get("api", 0.0) * result.elapsed_s / max(done, 1) * 1e6,
         "loadgen_cores": result.cpu_cores,
         "other_cores": cpu.get("other", 0.0),
+        "connections": result.connections,
     }
 
 

@@ -84,6 +84,9 @@ def test_scale_smoke(tmp_path: Path) -> None:
     assert any(step["cores"].get("api", 0) > 0 for step in f["timeline"])  # and the cores each part used by step
     paced = f["baseline"]["paced"]  # GET /healthz at the run's report rate: 32 nodes, a report a second each
     assert 16 <= paced["requests_per_s"] <= 40 and f["ingest"]["api_cost_vs_paced_healthz"] > 0
+    per_node = f["baseline"]["per_node"]  # and so over a connection per node, each idle between its requests
+    assert per_node["connections"] == 32 and per_node["errors"] == 0 and 16 <= per_node["requests_per_s"] <= 40
+    assert f["ingest"]["api_cost_vs_per_node_healthz"] > 0
     g = f["goodput"]
     # Here the resumed run never saves: by goodput's rule (api/services/goodput) the tail of a succeeded job whose
     # last run has no checkpoint stays productive, while the simulator knows it as shutdown. That tail is the job's
