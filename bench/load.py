@@ -162,17 +162,17 @@ async def _drive(load: Load, report: Callable[[Any], None]) -> LoadResult:
 
 async def _drive_spread(load: Load, report: Callable[[Any], None]) -> LoadResult:
     """`load` with `spread` (see Load): one kept-alive HTTP/1.1 connection each, opened and used once before the
-    window, a batch at a time."""
+    window, a batch at a time; each request with the headers a node agent's client sends."""
     from urllib.parse import urlsplit
 
-    from bench.scale.wire import Connection
+    from bench.scale.wire import Connection, request_head
+    from ftplane.trainer.agent.uplink import client_options
 
     assert load.method == "GET" and load.rate_per_s > 0, "spread is for a paced GET"
     url = urlsplit(load.url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
-    request = (
-        f"GET {load.path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {load.token}\r\n\r\n"
-    ).encode()
+    options = client_options(load.url, load.token, 5.0)
+    request = request_head(options["base_url"], tuple(options["headers"].items()), load.path, "GET") + b"\r\n"
     loop = asyncio.get_running_loop()
     connections: list[Connection] = []
     batch = 256

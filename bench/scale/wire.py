@@ -76,12 +76,12 @@ OWN_HEADERS = (b"content-length", b"accept-encoding")
 
 
 @functools.lru_cache(maxsize=64)
-def request_head(base_url: str, headers: tuple[tuple[str, str], ...], path: str) -> bytes:
-    """The request line and headers httpx's client sends for a JSON POST to `path`, less the body's length and
-    Accept-Encoding (this client decodes no compression)."""
+def request_head(base_url: str, headers: tuple[tuple[str, str], ...], path: str, method: str = "POST") -> bytes:
+    """The request line and headers httpx's client sends for a JSON POST to `path` (or a GET), less the body's length
+    and Accept-Encoding (this client decodes no compression)."""
     with httpx.Client(base_url=base_url, headers=dict(headers)) as client:
-        request = client.build_request("POST", path, json={})
-    lines = [b"POST %s HTTP/1.1\r\n" % request.url.raw_path]
+        request = client.build_request(method, path, json={} if method == "POST" else None)
+    lines = [b"%s %s HTTP/1.1\r\n" % (method.encode(), request.url.raw_path)]
     lines += [name + b": " + value + b"\r\n" for name, value in request.headers.raw if name.lower() not in OWN_HEADERS]
     return b"".join(lines)
 
