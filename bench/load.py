@@ -14,8 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench.common import CpuMeter, percentile
+from bench.scale.wire import Connection, request_head
+from ftplane.trainer.agent.uplink import client_options
 
 
 @dataclass
@@ -163,11 +166,6 @@ async def _drive(load: Load, report: Callable[[Any], None]) -> LoadResult:
 async def _drive_spread(load: Load, report: Callable[[Any], None]) -> LoadResult:
     """`load` with `spread` (see Load): one kept-alive HTTP/1.1 connection each, opened and used once before the
     window, a batch at a time; each request with the headers a node agent's client sends."""
-    from urllib.parse import urlsplit
-
-    from bench.scale.wire import Connection, request_head
-    from ftplane.trainer.agent.uplink import client_options
-
     assert load.method == "GET" and load.rate_per_s > 0, "spread is for a paced GET"
     url = urlsplit(load.url)
     host, port = url.hostname or "127.0.0.1", url.port or 80

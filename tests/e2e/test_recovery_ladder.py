@@ -88,11 +88,11 @@ def finished(api: Client, job_id: str) -> dict[str, Any]:
     return wait("the job to end", lambda: (j := api.job(job_id))["status"] in ("SUCCEEDED", "FAILED") and j, 240)
 
 
-def ranks_running(event: dict[str, Any]) -> list[int]:
-    """The ranks a rank's `running` announces (its own, or the folded `details.ranks`); none for another event."""
-    if event["type"] != "running" or event["rank"] is None:
-        return []
-    return list(event["details"].get("ranks", [event["rank"]]))
+def ranks_named(event: dict[str, Any]) -> list[int]:
+    """The ranks an event names: those folded into it (`details.ranks`: a node's `running`, its hang), else its own."""
+    if "ranks" in event["details"]:
+        return list(event["details"]["ranks"])
+    return [event["rank"]] if event["rank"] is not None else []
 
 
 def at(event: dict[str, Any]) -> datetime:
@@ -155,7 +155,7 @@ def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(
     assert len(injob) == 2, injob  # the crash and the hang, each stored once
     assert faults[1]["id"] < injob[0]["id"] < faults[2]["id"] < injob[1]["id"]
     hangs = events(api, job_id, "hang_detected")
-    assert {r for h in hangs for r in h["details"].get("ranks", [h["rank"]])} >= {0}  # a node's hang names its ranks
+    assert {r for h in hangs for r in ranks_named(h)} >= {0}  # a node's hang names its ranks
     assert "no heartbeat" in hangs[0]["details"]["cause"]
     assert body["job_restarts"] == 0 and body["attempt"] == 0
 
@@ -164,7 +164,9 @@ def test_each_fault_kind_fires_its_rung_and_training_resumes_from_a_checkpoint(
         assert loaded["step"] > 0 and loaded["step"] % 5 == 0
         # the loading rank's `running` of that run; folded into another rank's still waiting, it goes where that one
         # waited (trainer/agent/report_buffer.py), maybe before the load: their times say their order
-        running = next(e for e in history if e["id"] > fault["id"] and loaded["rank"] in ranks_running(e))
+        running = next(
+            e for e in history if e["id"] > fault["id"] and e["type"] == "running" and loaded["rank"] in ranks_named(e)
+        )
         assert running["details"]["start_step"] == loaded["step"] and at(running) >= at(loaded)
     # Every restart reached on-call as a signed webhook, at its first try. (How soon after the fault is a
     # latency, measured by bench.detect on a quiet machine, not bounded here.)
