@@ -50,6 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--nodes", type=int, help=f"nodes per job (default {d.nodes}; with --jobs N > 1: {JOBS_NODES}, 2,048 ranks)"
     )
     parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=d.gpus_per_node,
+        help="ranks per simulated node (past 16,384 nodes, the most a job may have, the size doubles by this)",
+    )
+    parser.add_argument(
         "--report-interval",
         type=float,
         default=0.0,
@@ -97,6 +103,7 @@ def params(args: argparse.Namespace) -> Params:
     interval = args.report_interval or (default_report_interval(Params.nodes) if several else 0.0)
     return Params(
         nodes=nodes,
+        gpus_per_node=args.gpus_per_node,
         jobs=args.jobs,
         report_interval_s=interval,
         heartbeat_timeout_s=args.heartbeat_timeout,

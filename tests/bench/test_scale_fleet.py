@@ -62,3 +62,12 @@ def test_every_event_handed_to_a_node_is_stored_once_in_one_process_or_two(
     assert all(abs(parse(stored[key]["ts"]) - parse(ts)) < 1e-3 for key, ts in ledger.offered.items() if key in stored)
     assert tally.ticks > 0 and tally.delivered > 0 and tally.accepted > 0
     assert not fleet.shards  # the simulator processes ended
+
+
+def test_gpus_per_node_sets_each_simulated_nodes_ranks() -> None:
+    """Past the most nodes a job may have (16,384), a run doubles its ranks by `--gpus-per-node`."""
+    from bench.scale.__main__ import params, parse_args
+
+    p = params(parse_args(["--nodes", "16384", "--gpus-per-node", "16"]))
+    assert (p.nodes, p.gpus_per_node, p.ranks) == (16384, 16, 262_144)
+    assert p.node_of(262_143) == 16_383 and params(parse_args([])).gpus_per_node == 8
