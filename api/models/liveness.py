@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -82,6 +83,17 @@ def max_step(session: Session, job_id: str, attempt: int) -> int | None:
     return session.scalar(
         select(func.max(RankLiveness.step)).where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt)
     )
+
+
+def median_step_time(session: Session, job_id: str, attempt: int) -> float | None:
+    """The median of an attempt's ranks' measured step times (those above 0): computed by PostgreSQL, where a job
+    of 131,072 ranks would otherwise send every one of them for each look at its progress."""
+    current = (RankLiveness.job_id == job_id) & (RankLiveness.attempt == attempt) & (RankLiveness.step_time_s > 0)
+    if session.get_bind().dialect.name == "postgresql":
+        median = func.percentile_cont(0.5).within_group(RankLiveness.step_time_s)
+        return session.scalar(select(median).where(current))
+    times = [t for t in session.scalars(select(RankLiveness.step_time_s).where(current)) if t is not None]
+    return statistics.median(times) if times else None
 
 
 class QuietKind(StrEnum):

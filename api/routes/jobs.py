@@ -30,6 +30,8 @@ def load_job(session: SessionDep, job_id: str, *, for_update: bool = False) -> J
     return job
 
 
+RECENT_EVENTS = 20  # a job's newest events, in its detail
+
 # Where a new job's id leads: every route of the job.
 _JOB = "$response.body#/id"
 JOB_LINKS = links(
@@ -125,7 +127,7 @@ def list_jobs(
 def get_job(job_id: str, session: SessionDep, _: JobViewerDep) -> JobDetail:
     liveness_writer.flush()
     job = load_job(session, job_id)
-    recent = models.events.page(session, job.id, limit=10_000)[-20:]
+    recent = models.events.newest(session, job.id, RECENT_EVENTS)
     return JobDetail.model_validate(
         {
             **JobOut.model_validate(job).model_dump(),

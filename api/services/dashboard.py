@@ -353,18 +353,10 @@ def rank_cells(
     return cells
 
 
-def recent_events(session: Session, job_id: str, limit: int = TIMELINE_EVENTS_MAX) -> list[Event]:
-    """The newest `limit` events of the job, oldest first."""
-    rows = session.scalars(
-        select(Event).where(Event.job_id == job_id).order_by(Event.ts.desc(), Event.id.desc()).limit(limit)
-    )
-    return list(rows)[::-1]
-
-
 def job_view(session: Session, job: Job) -> JobView:
     liveness_writer.flush()  # this process's newest reports
     now = utcnow()
-    events = recent_events(session, job.id)
+    events = models.events.newest(session, job.id, TIMELINE_EVENTS_MAX)
     spec = lifecycle.spec_of(job)
     tl = timeline(job, events, now)
     return JobView(

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Literal
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import models
-from api.database.tables import Job, RankLiveness
+from api.database.tables import Job
 from api.schemas.jobs import JobProgress
 from api.schemas.spec import JobSpec
 from api.services import lifecycle
@@ -27,9 +25,7 @@ def progress_of(session: Session, job: Job) -> JobProgress:
     spec = lifecycle.spec_of(job)
     level: Literal["rank", "node"] = "rank" if reports_rank_progress(session, job, spec) else "node"
     step = models.liveness.max_step(session, job.id, job.attempt)
-    current = (RankLiveness.job_id == job.id) & (RankLiveness.attempt == job.attempt)
-    times = [t for t in session.scalars(select(RankLiveness.step_time_s).where(current)) if t is not None and t > 0]
-    step_time = statistics.median(times) if times else None
+    step_time = models.liveness.median_step_time(session, job.id, job.attempt)
     total = job.total_steps
     fraction = min(1.0, step / total) if step is not None and total else None
     eta = None

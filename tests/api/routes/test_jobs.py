@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +145,21 @@ def test_heartbeat_timeout_must_outlast_inprocess_restarts(admin: TestClient) ->
     response = admin.post("/v1/jobs", json=tiny_spec(resiliency=bad))
     assert response.status_code == 422
     assert "heartbeat_timeout_s must be greater than" in response.json()["error"]["message"]
+
+
+def test_a_jobs_detail_shows_its_newest_events_however_many_it_has(admin: TestClient, make_job: Any) -> None:
+    """A job of 131,072 ranks stores hundreds of thousands of events; its detail shows the 20 that happened last."""
+    from sqlalchemy import insert
+
+    from api.core.db import session_scope
+    from api.database.tables import Event
+
+    job = make_job()
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    row = {"job_id": job["id"], "attempt": 0, "type": "checkpoint_saved", "received_at": start, "details": {}}
+    rows = [{**row, "key": f"e{i}", "ts": start + timedelta(seconds=i), "step": i} for i in range(10_030)]
+    rows.append({**row, "key": "late", "ts": start, "step": 0})  # stored last, happened first
+    with session_scope() as session:
+        session.execute(insert(Event), rows)
+    detail = admin.get(f"/v1/jobs/{job['id']}").json()
+    assert [e["key"] for e in detail["recent_events"]] == [f"e{i}" for i in range(10_010, 10_030)]

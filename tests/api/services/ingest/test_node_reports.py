@@ -56,6 +56,17 @@ def test_a_report_stores_liveness_heartbeats_and_events_once(admin: TestClient, 
     assert detail["progress"]["step_time_s"] == 0.5 and detail["progress"]["hang_detection"] == "rank"
 
 
+def test_a_jobs_step_time_is_the_median_of_its_ranks_measured_ones(admin: TestClient, make_job: Any) -> None:
+    job = make_job()
+    times = [1.0, 0.2, 0.6, 0.4, 0.0]  # a rank at 0 has measured nothing yet, nor one that sends none
+    beats = [{"rank": r, "step": 5, "step_time_s": t} for r, t in enumerate(times)] + [{"rank": 5, "step": 5}]
+    sent = as_trainer(admin, job["token"]).post(
+        f"/v1/jobs/{job['id']}/reports", json=report(ranks=tuple(range(6)), heartbeats=beats)
+    )
+    assert sent.status_code == 200, sent.text
+    assert admin.get(f"/v1/jobs/{job['id']}").json()["progress"]["step_time_s"] == pytest.approx(0.5)
+
+
 def test_who_may_report(admin: TestClient, make_job: Any) -> None:
     job, other = make_job(), make_job()
     anonymous = TestClient(admin.app)
