@@ -141,13 +141,13 @@ def test_the_untouched_script_without_progress_is_not_hung_while_it_lives(api: C
 
 
 def test_the_sdk_script_reports_liveness_checkpoints_a_hang_and_goodput(api: Client) -> None:
-    job = api.submit(spec(api, "byo-sdk", "train_sdk.py", 70))
+    job = api.submit(spec(api, "byo-sdk", "train_sdk.py", 50))
     wait(
         "both ranks' liveness",
         lambda: len(api.ranks(job["id"])) == 2 and min(r["step"] for r in api.ranks(job["id"])) >= 12,
     )
     detail = api.job(job["id"])
-    assert detail["progress"]["total_steps"] == 70 and detail["progress"]["eta_s"] is not None
+    assert detail["progress"]["total_steps"] == 50 and detail["progress"]["eta_s"] is not None
     api.inject(job["id"], {"kind": "hang", "rank": 0, "now": True})
     hang = wait("the hang detected", lambda: events(api, job["id"], "hang_detected"), 120, job=(api, job["id"]))[0]
     assert 0 in hang["details"].get("ranks", [hang["rank"]])  # the node's silent ranks: the hung one among them
