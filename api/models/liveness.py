@@ -73,6 +73,50 @@ def ranks(session: Session, job_id: str) -> list[RankLiveness]:
     return list(session.scalars(select(RankLiveness).where(RankLiveness.job_id == job_id).order_by(RankLiveness.rank)))
 
 
+@dataclass(frozen=True)
+class RankCounts:
+    highest: int  # the highest rank that reported (any attempt), -1 for none
+    seen_in_world: int  # ranks below the spec's world size that reported (any attempt)
+    reporting: int  # the attempt's ranks heard since the cutoff
+    stale: int  # the attempt's ranks not heard since the cutoff
+
+
+def rank_counts(session: Session, job_id: str, attempt: int, cutoff: datetime, world_size: int) -> RankCounts:
+    """A job's ranks counted by the database, in one query (a job may have 131,072)."""
+    current = RankLiveness.attempt == attempt
+    query = select(
+        func.coalesce(func.max(RankLiveness.rank), -1),
+        func.count().filter(RankLiveness.rank < world_size),
+        func.count().filter(current & (RankLiveness.last_seen >= cutoff)),
+        func.count().filter(current & (RankLiveness.last_seen < cutoff)),
+    ).where(RankLiveness.job_id == job_id)
+    highest, seen, reporting, stale = session.execute(query).one()
+    return RankCounts(highest, seen, reporting, stale)
+
+
+def ranks_named(session: Session, job_id: str, ranks: Sequence[int]) -> list[RankLiveness]:
+    if not ranks:
+        return []
+    query = select(RankLiveness).where(RankLiveness.job_id == job_id, RankLiveness.rank.in_(list(ranks)))
+    return list(session.scalars(query))
+
+
+def stalest(session: Session, job_id: str, attempt: int, cutoff: datetime, limit: int) -> list[RankLiveness]:
+    """The attempt's ranks not heard since `cutoff`, the longest silent first, at most `limit`."""
+    if limit <= 0:
+        return []
+    query = select(RankLiveness).where(
+        RankLiveness.job_id == job_id, RankLiveness.attempt == attempt, RankLiveness.last_seen < cutoff
+    )
+    return list(session.scalars(query.order_by(RankLiveness.last_seen, RankLiveness.rank).limit(limit)))
+
+
+def ranks_below(session: Session, job_id: str, world_size: int) -> list[int]:
+    """The ranks below `world_size` that reported (any attempt)."""
+    query = select(RankLiveness.rank).where(RankLiveness.job_id == job_id, RankLiveness.rank < world_size)
+    return list(session.scalars(query))
+
+
 def has_attempt(session: Session, job_id: str, attempt: int) -> bool:
     """Whether any rank of this attempt has beaten yet."""
     query = select(RankLiveness.rank).where(RankLiveness.job_id == job_id, RankLiveness.attempt == attempt).limit(1)

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import TypeAdapter
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from api.database.tables import NodeLiveness
@@ -56,6 +56,22 @@ def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
 
 def of_job(session: Session, job_id: str) -> list[NodeLiveness]:
     return list(session.scalars(select(NodeLiveness).where(NodeLiveness.job_id == job_id).order_by(NodeLiveness.node)))
+
+
+def count(session: Session, job_id: str, attempt: int) -> int:
+    query = select(func.count()).where(NodeLiveness.job_id == job_id, NodeLiveness.attempt == attempt)
+    return int(session.scalar(query) or 0)
+
+
+def needing_attention(session: Session, job_id: str, attempt: int, cutoff: datetime, limit: int) -> list[NodeLiveness]:
+    """The attempt's nodes whose launcher ended, whose agent says they are unhealthy, or not heard since `cutoff`, by
+    name, at most `limit`."""
+    query = select(NodeLiveness).where(
+        NodeLiveness.job_id == job_id,
+        NodeLiveness.attempt == attempt,
+        or_(NodeLiveness.launcher_alive.is_(False), NodeLiveness.healthy.is_(False), NodeLiveness.last_seen < cutoff),
+    )
+    return list(session.scalars(query.order_by(NodeLiveness.node).limit(limit)))
 
 
 class NodeSeen(Protocol):

@@ -27,6 +27,7 @@ from api.database.tables import Job
 from api.deps import ANONYMOUS_ADMIN, SESSION_COOKIE, SessionDep, bearer_token
 from api.services import dashboard, lifecycle
 from api.services.authentication import Unauthenticated, authenticate
+from api.services.job_liveness_view import NODE_ROWS_MAX, RANK_CELLS_MAX
 
 PACKAGE = Path(__file__).resolve().parents[1]
 STATIC_DIR = PACKAGE / "static"
@@ -34,6 +35,7 @@ templates = Jinja2Templates(directory=str(PACKAGE / "templates"))
 templates.env.filters["duration"] = lambda s: _duration(s)
 templates.env.filters["bytes"] = lambda n: _bytes(n)
 templates.env.filters["logs_query"] = dashboard.logs_query
+templates.env.globals.update(rank_cells_max=f"{RANK_CELLS_MAX:,}", node_rows_max=f"{NODE_ROWS_MAX:,}")
 
 router = APIRouter(include_in_schema=False)
 

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api import models
-from api.database.tables import Event, Job, JobWatch, NodeLiveness, RankLiveness
+from api.database.tables import Event, Job, JobWatch
 from api.schemas.events import EventType, utcnow
 from api.schemas.jobs import JobProgress
 from api.schemas.rungs import RESTART_TYPES
@@ -21,8 +21,8 @@ from api.services import lifecycle
 from api.services.goodput.records import number
 from api.services.goodput_view import GoodputView, goodput_of
 from api.services.ingest import liveness_writer
+from api.services.job_liveness_view import NodesView, RanksView, nodes_view, ranks_view
 from api.services.progress import progress_of
-from api.services.stragglers import RankRow, score_ranks
 
 # the ladder's rungs, lowest first, as the jobs list and a job's page count them: (event, short name)
 RUNGS: tuple[tuple[EventType, str], ...] = tuple(
@@ -166,31 +166,6 @@ class CheckpointRow:
     bytes: int | None
 
 
-@dataclass(frozen=True)
-class RankCell:
-    rank: int
-    seen: bool
-    stale: bool
-    step: int | None = None
-    node: str | None = None
-    age_s: float | None = None
-    throughput: float | None = None
-    score: float | None = None  # the job's pace over the rank's (1 keeps up), from its newest heartbeat
-    straggler: bool = False  # in an open straggler episode
-    threshold: float = 0.85  # the spec's resiliency.stragglers.threshold
-
-    @property
-    def band(self) -> str:
-        """The colour of the cell: a straggler; else below the threshold now, a little slow, or keeping up."""
-        if self.straggler:
-            return "straggler"
-        if self.score is None:
-            return ""
-        if self.score < self.threshold:
-            return "pace-low"
-        return "pace-fair" if self.score < (1 + self.threshold) / 2 else "pace-ok"
-
-
 @dataclass
 class JobView:
     job: Job
@@ -198,12 +173,12 @@ class JobView:
     timeline: Timeline
     progress: dict[str, Any]
     checkpoints: list[CheckpointRow]
-    ranks: list[RankCell]
+    ranks: RanksView
     heartbeat_timeout_s: float
     goodput: GoodputView | None
     recent: list[Event] = field(default_factory=list)
     steps: JobProgress | None = None
-    nodes: list[NodeLiveness] = field(default_factory=list)
+    nodes: NodesView | None = None
     last_failure: Event | None = None  # the newest restart or end whose cause carries its rank's last lines
 
     @property
@@ -309,50 +284,6 @@ def checkpoints(events: Sequence[Event]) -> list[CheckpointRow]:
     return rows[::-1]
 
 
-def rank_cells(
-    job: Job,
-    rows: Sequence[RankLiveness],
-    world_size: int,
-    timeout_s: float,
-    now: datetime,
-    stragglers: frozenset[int] = frozenset(),
-    threshold: float = 0.85,
-) -> list[RankCell]:
-    """One cell per rank of the spec (and any extra rank that reported); stale as in GET /ranks; scored as the
-    straggler duty scores (the current attempt's ranks that are not stale), `stragglers` in an open episode."""
-    cutoff = now - timedelta(seconds=timeout_s)
-    by_rank = {r.rank: r for r in rows}
-    live = [r for r in rows if r.attempt == job.attempt and r.last_seen >= cutoff]
-    scores = {
-        s.rank: s.score
-        for s in score_ranks(
-            [RankRow(r.rank, r.node, r.step, r.step_time_s, r.compute_s, r.perf_score) for r in live]
-        ).ranks
-    }
-    cells = []
-    for rank in sorted(set(range(world_size)) | set(by_rank)):
-        row = by_rank.get(rank)
-        if row is None:
-            cells.append(RankCell(rank=rank, seen=False, stale=False))
-            continue
-        stale = row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
-        cells.append(
-            RankCell(
-                rank=rank,
-                seen=True,
-                stale=stale,
-                step=row.step,
-                node=row.node,
-                age_s=max(0.0, (now - row.last_seen).total_seconds()),
-                throughput=row.throughput,
-                score=scores.get(rank),
-                straggler=rank in stragglers and row.attempt == job.attempt,
-                threshold=threshold,
-            )
-        )
-    return cells
-
-
 def job_view(session: Session, job: Job) -> JobView:
     liveness_writer.flush()  # this process's newest reports
     now = utcnow()
@@ -365,27 +296,18 @@ def job_view(session: Session, job: Job) -> JobView:
         timeline=tl,
         progress=progress(events, tl.start),
         checkpoints=checkpoints(events),
-        ranks=rank_cells(
+        ranks=ranks_view(
+            session,
             job,
-            models.liveness.ranks(session, job.id),
             spec.world_size,
             spec.resiliency.heartbeat_timeout_s,
             now,
-            straggling_ranks(session, job),
             spec.resiliency.stragglers.threshold,
         ),
         heartbeat_timeout_s=spec.resiliency.heartbeat_timeout_s,
         goodput=goodput_of(session, job),
         recent=list(events[-30:])[::-1],
         steps=progress_of(session, job),
-        nodes=[n for n in models.nodes.of_job(session, job.id) if n.attempt == job.attempt],
+        nodes=nodes_view(session, job, spec.resiliency.heartbeat_timeout_s, now),
         last_failure=next((e for e in reversed(events) if e.type in TAILED and "tail" in (e.details or {})), None),
     )
-
-
-def straggling_ranks(session: Session, job: Job) -> frozenset[int]:
-    """The ranks of the job's open straggler episodes."""
-    watch = session.get(JobWatch, job.id)
-    if watch is None or not watch.open_stragglers:
-        return frozenset()
-    return frozenset(int(rank) for rank in (watch.stragglers or {}).get("open", {}))

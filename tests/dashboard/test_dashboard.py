@@ -171,3 +171,58 @@ def test_a_queued_job_shows_its_wait_on_the_lifecycle_lane(
     html = browser.get(f"/jobs/{job['id']}").text
     (mark,) = re.findall(r'<circle class="mark mark-queued"[^>]*><title>([^<]*)</title>', html)
     assert "team-a" in mark
+
+
+def test_past_its_bounds_a_job_page_draws_the_ranks_and_nodes_that_need_attention(
+    browser: TestClient,
+    admin_token: str,
+    make_job: Callable[..., dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job of 131,072 ranks would be 131,072 cells every 2 s: past the bounds (here 3 ranks and 2 nodes, for a
+    job of 8 ranks on 4 nodes) the page draws the straggler, then the longest silent; counts say the rest."""
+    from datetime import timedelta
+
+    from api.core.db import session_scope
+    from api.database.tables import JobWatch
+    from api.models.liveness import write_ranks
+    from api.models.nodes import write_nodes
+    from api.schemas.events import utcnow
+    from api.services import job_liveness_view
+
+    monkeypatch.setattr(job_liveness_view, "RANK_CELLS_MAX", 3)
+    monkeypatch.setattr(job_liveness_view, "NODE_ROWS_MAX", 2)
+    job = make_job(
+        nodes=4,
+        procs_per_node=2,
+        backend="kubernetes",
+        image="r/t:1",
+        checkpoint={"dir": "/c/t"},
+        resiliency={"heartbeat_timeout_s": 90},
+    )
+    now = utcnow()
+    silent_for = {4: 100.0, 5: 200.0, 6: 300.0}  # past the 90 s timeout; rank 7 never heard
+    ranks = [
+        {"job_id": job["id"], "rank": r, "attempt": 0, "node": f"n{r // 2}", "step": 9, "throughput": None}
+        | {"last_seen": now - timedelta(seconds=silent_for.get(r, 1.0)), "loss": None, "step_time_s": 1.0}
+        | {"compute_s": None, "perf_score": None}
+        for r in range(7)
+    ]
+    healthy = {"attempt": 0, "last_seen": now, "launcher_alive": True, "progress": "sdk", "healthy": True}
+    nodes = [
+        {"job_id": job["id"], "node": f"n{n}", "unhealthy_reason": None, "ranks": [], "gpus": []} | healthy
+        for n in range(4)
+    ]
+    nodes[1] |= {"launcher_alive": False}
+    nodes[3] |= {"healthy": False, "unhealthy_reason": "Xid 79"}
+    with session_scope() as session:
+        write_ranks(session, ranks)
+        write_nodes(session, nodes)
+        session.add(JobWatch(job_id=job["id"], stragglers={"open": {"2": {}}}, open_stragglers=1, anomalies={}))
+    log_in(browser, admin_token)
+    html = browser.get(f"/ui/jobs/{job['id']}/live").text
+    drawn = re.findall(r'<div class="rank (\w+)[^"]*" data-rank="(\d+)"', html)
+    assert drawn == [("alive", "2"), ("stale", "5"), ("stale", "6")], drawn  # rank 4 and 7 past the bound
+    summary = re.search(r'id="rank-summary">([^<]*)<', html)
+    assert summary is not None and "8 ranks: 4 reporting, 3 stale, 1 never heard, 1 straggling" in summary.group(1)
+    assert re.findall(r'<tr data-node="(\w+)">', html) == ["n1", "n3"] and 'id="node-summary">4 nodes' in html

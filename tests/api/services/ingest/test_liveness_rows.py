@@ -104,3 +104,45 @@ def test_a_nodes_older_liveness_written_late_never_overwrites_a_newer_one(admin:
         (stored,) = session.query(NodeLiveness).filter_by(job_id=job_id).all()
         columns = ("attempt", "last_seen", "launcher_alive", "progress", "healthy", "unhealthy_reason", "ranks", "gpus")
         assert {c: getattr(stored, c) for c in columns} == {c: newest[c] for c in columns}
+
+
+def test_the_database_counts_a_jobs_ranks_and_picks_the_stalest_ranks_and_the_nodes_needing_attention(
+    make_job: Any,
+) -> None:
+    """What a job page past its bounds reads (api/services/job_liveness_view.py), on both databases."""
+    from api.core.db import session_scope
+    from api.models import liveness, nodes
+    from api.schemas.events import utcnow
+
+    job_id = make_job()["id"]
+    now = utcnow()
+    silent_for = {4: 100.0, 5: 200.0, 6: 300.0}
+    row = {"job_id": job_id, "step": 9, "throughput": None, "loss": None, "step_time_s": None, "compute_s": None}
+    ranks = [
+        row
+        | {"rank": r, "attempt": 0, "node": f"n{r // 2}", "perf_score": None}
+        | {"last_seen": now - timedelta(seconds=silent_for.get(r, 1.0))}
+        for r in (*range(7), 9)  # rank 7 never heard; rank 9 past the spec's 8
+    ]
+    ranks.append(ranks.pop() | {"attempt": 1})  # not the attempt counted
+    healthy = {"attempt": 0, "last_seen": now, "launcher_alive": True, "progress": "sdk", "healthy": True}
+    agents = [
+        {"job_id": job_id, "node": f"n{n}", "unhealthy_reason": None, "ranks": [], "gpus": []} | healthy
+        for n in range(5)
+    ]
+    agents[1] |= {"launcher_alive": False}
+    agents[3] |= {"healthy": False}
+    agents[4] |= {"last_seen": now - timedelta(seconds=91)}
+    with session_scope() as session:
+        liveness.write_ranks(session, ranks)
+        nodes.write_nodes(session, agents)
+    cutoff = now - timedelta(seconds=90)
+    with session_scope() as session:
+        counts = liveness.rank_counts(session, job_id, 0, cutoff, 8)
+        assert (counts.highest, counts.seen_in_world, counts.reporting, counts.stale) == (9, 7, 4, 3)
+        assert [r.rank for r in liveness.stalest(session, job_id, 0, cutoff, 2)] == [6, 5]
+        assert sorted(liveness.ranks_below(session, job_id, 8)) == list(range(7))
+        assert sorted(r.rank for r in liveness.ranks_named(session, job_id, [2, 7, 9])) == [2, 9]
+        assert nodes.count(session, job_id, 0) == 5
+        assert [n.node for n in nodes.needing_attention(session, job_id, 0, cutoff, 2)] == ["n1", "n3"]
+        assert [n.node for n in nodes.needing_attention(session, job_id, 0, cutoff, 9)] == ["n1", "n3", "n4"]
