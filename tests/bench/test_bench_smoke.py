@@ -1,5 +1,5 @@
 """Each benchmark script in bench/ end to end with tiny parameters, so the scripts cannot rot (not a measurement):
-recovery, ingest, detect, scale, k8s_status, agent, agent_logs, stragglers, silent_ranks, fleet_goodput, and
+recovery, ingest, detect, scale, k8s_status, agent, agent_logs, stragglers, silent_ranks, job_page, fleet_goodput, and
 gpu's efficiency section (the one that runs without CUDA)."""
 
 from __future__ import annotations
@@ -167,6 +167,23 @@ def test_silent_ranks_smoke(tmp_path: Path) -> None:
     restarting, hung = json.loads(out.read_text())
     assert (restarting["events_after_all"], hung["events_after_first"], hung["events_after_all"]) == (0, 8, 8)
     assert restarting["ranks"] == hung["ranks"] == 32 and len(hung["pass_s"]) == 2
+
+
+def test_job_page_smoke(tmp_path: Path) -> None:
+    """A job of 300 nodes (2,400 ranks: past the page's bounds), two requests of each page: each answered, the live
+    part drawing node 0's silent ranks and the straggler, not a cell per rank."""
+    from bench import job_page
+
+    out = tmp_path / "job_page.json"
+    argv = ["--nodes", "300", "--requests", "2", "--json", str(out)]
+    assert job_page.main([*argv, "--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL")]) == 0
+    healthz, detail, live = json.loads(out.read_text())
+    assert [f["request"] for f in (healthz, detail, live)] == [
+        "GET /healthz",
+        "GET /v1/jobs/{id}",
+        "GET /ui/jobs/{id}/live",
+    ]
+    assert live["ranks"] == 2400 and 0 < live["bytes"] < 2400 * 100 and detail["api_cpu_ms"] > 0
 
 
 def test_auth_smoke(tmp_path: Path) -> None:
