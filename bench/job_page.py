@@ -22,11 +22,12 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
 
+from api.schemas.events import EventIn, EventType
 from bench.common import CpuMeter, create_admin_token, fresh_database, machine, running_job, table, uvicorn_api
 
 GPUS_PER_NODE = 8
@@ -102,12 +103,13 @@ def run(args: argparse.Namespace, nodes: int) -> list[PageFigures]:
 
 
 def _job(nodes: int) -> str:
-    """The job, every node's report taken by the API's own liveness writer: node 0 silent past the timeout, rank 1
-    straggling."""
+    """The job, every node's report taken by the API's own liveness writer (node 0 silent past the timeout, rank 1
+    straggling) and its start's `running`, one event a node, stored as the report route stores them."""
     from api.core.db import get_sessionmaker, session_scope
-    from api.database.tables import JobWatch
+    from api.database.tables import Job, JobWatch
     from api.schemas.events import utcnow
     from api.schemas.reports import NodeReport
+    from api.services.ingest import reporting
     from api.services.ingest.liveness_writer import LivenessWriter
 
     job_id, spec = running_job("page-bench", nodes, GPUS_PER_NODE)
@@ -127,7 +129,26 @@ def _job(nodes: int) -> str:
     writer.stop()
     with session_scope() as session:
         session.add(JobWatch(job_id=job_id, stragglers={"open": {"1": {}}}, open_stragglers=1, anomalies={}))
+        job = session.get(Job, job_id)
+        assert job is not None
+        reporting.record_events(session, job, [_running(node, now) for node in range(nodes)])
     return job_id
+
+
+def _running(node: int, at: datetime) -> EventIn:
+    """A node's ranks' `running`, folded into one event as its agent sends them at a start."""
+    ranks = list(range(node * GPUS_PER_NODE, (node + 1) * GPUS_PER_NODE))
+    processes = [{"rank": r, "pid": 1000 + r, "local_rank": r % GPUS_PER_NODE} for r in ranks]
+    details = {"restart_count": 0, "start_step": 0, "ranks": ranks, "processes": processes}
+    return EventIn(
+        key=f"run:0:{ranks[0]}",
+        type=EventType.running,
+        ts=at,
+        rank=ranks[0],
+        node=f"node-{node}",
+        step=0,
+        details=details,
+    )
 
 
 def _measure(client: httpx.Client, meter: CpuMeter, name: str, path: str, requests: int, nodes: int) -> PageFigures:
