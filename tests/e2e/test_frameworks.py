@@ -172,7 +172,7 @@ def test_a_lightning_job_with_the_callback_resumes_from_the_checkpoint_of_the_fa
     """A crash on rank 1 `at_step: 20` (the spec's fault, fired by the callback after ModelCheckpoint wrote step 20):
     Lightning resumes from last.ckpt, step 20, its global step continues, and nothing is redone."""
     ckpt = api.workdir / "lightning-ckpt"  # type: ignore[attr-defined]
-    args = ["--steps=40", "--step-delay-s=0.15", f"--checkpoint-dir={ckpt}", "--checkpoint-every=10"]
+    args = ["--steps=30", "--step-delay-s=0.15", f"--checkpoint-dir={ckpt}", "--checkpoint-every=10"]
     job = api.submit(
         spec("pl-callback", "lightning/train.py", args, faults=[{"kind": "crash", "rank": 1, "at_step": 20}])
     )
@@ -181,13 +181,13 @@ def test_a_lightning_job_with_the_callback_resumes_from_the_checkpoint_of_the_fa
     watcher.stop()
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     watcher.assert_running_in_time(rounds=2)
-    assert watcher.eta_seen and done["progress"]["total_steps"] == 40 and done["progress"]["step"] == 40
+    assert watcher.eta_seen and done["progress"]["total_steps"] == 30 and done["progress"]["step"] == 30
 
     assert sdk_runs(api, job["id"]) == {0: {0}, 1: {20}}  # the global step continues from the checkpoint
     (loaded,) = events(api, job["id"], "checkpoint_loaded")
     assert loaded["step"] == 20 and loaded["details"]["path"].endswith("last.ckpt")
     saved = events(api, job["id"], "checkpoint_saved")
-    assert sorted({e["step"] for e in saved}) == [10, 20, 30, 40]
+    assert sorted({e["step"] for e in saved}) == [10, 20, 30]
     assert all(e["rank"] == 0 and e["details"]["blocking_s"] > 0 and e["details"]["bytes"] > 0 for e in saved)
     (injected,) = events(api, job["id"], "fault_injected")
     assert injected["rank"] == 1 and injected["step"] == 20  # fired once step 20's checkpoint was written
@@ -196,7 +196,7 @@ def test_a_lightning_job_with_the_callback_resumes_from_the_checkpoint_of_the_fa
     goodput = api.request("GET", f"/v1/jobs/{job['id']}/goodput")
     assert goodput["recomputed_steps"] == 0 and goodput["failures"] == 1  # resumed from the fault's own step
     assert [r["basis"] for r in goodput["runs"]] == ["sdk", "sdk"] and goodput["runs"][1]["start_step"] == 20
-    assert goodput["advice"]["checkpoints"] >= 4 and goodput["advice"]["current_from"] == "reported checkpoints"
+    assert goodput["advice"]["checkpoints"] >= 3 and goodput["advice"]["current_from"] == "reported checkpoints"
     logs = list((api.workdir / ".ftplane" / "runs" / job["id"] / "work").glob("lightning_logs/version_*"))  # type: ignore[attr-defined]
     assert logs  # Lightning's own output lands with the job, not where the server runs
 
