@@ -35,6 +35,7 @@ templates = Jinja2Templates(directory=str(PACKAGE / "templates"))
 templates.env.filters["duration"] = lambda s: _duration(s)
 templates.env.filters["bytes"] = lambda n: _bytes(n)
 templates.env.filters["logs_query"] = dashboard.logs_query
+templates.env.filters["count"] = lambda n: f"{n:,}"
 templates.env.globals.update(rank_cells_max=f"{RANK_CELLS_MAX:,}", node_rows_max=f"{NODE_ROWS_MAX:,}")
 
 router = APIRouter(include_in_schema=False)

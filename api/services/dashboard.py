@@ -134,7 +134,7 @@ def open_stragglers(session: Session, job_ids: Sequence[str]) -> dict[str, int]:
 # ---- one job -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class Marker:
     x: float
     y: float
@@ -142,6 +142,7 @@ class Marker:
     title: str
     restart: bool
     logs: str | None = None  # the failing rank's lines around it: the job page's query (logs_query)
+    more: int = 0  # events of its type drawn at the same point (a start's `running` from every node)
 
 
 @dataclass
@@ -237,12 +238,19 @@ def timeline(job: Job, events: Sequence[Event], now: datetime) -> Timeline:
     lanes = [(name, 20 + LANE_HEIGHT * i + LANE_HEIGHT / 2) for i, (name, _) in enumerate(LANES)]
     lane_y = {t: y for (name, types), (_, y) in zip(LANES, lanes, strict=True) for t in types}
     markers: list[Marker] = []
+    drawn: dict[tuple[int, float, str], Marker] = {}  # one marker a type a point: 16,384 nodes' `running` are one
     restart_xs: list[tuple[float, str]] = []
     for e in events:
         x = LABEL_WIDTH + usable * (e.ts - start).total_seconds() / span
+        y = lane_y.get(e.type, lanes[1][1])
         restart = e.type in RESTART_TYPES
+        same = drawn.get((round(x), y, e.type))
+        if same is not None and not restart:
+            same.more += 1
+            continue
         title = f"{e.ts.strftime('%H:%M:%S')} {describe(e)}"
-        markers.append(Marker(round(x, 1), lane_y.get(e.type, lanes[1][1]), e.type, title, restart, logs_query(e)))
+        markers.append(marker := Marker(round(x, 1), y, e.type, title, restart, logs_query(e)))
+        drawn[(round(x), y, e.type)] = marker
         if restart:
             restart_xs.append((round(x, 1), title))
     height = 20 + LANE_HEIGHT * len(LANES) + 22

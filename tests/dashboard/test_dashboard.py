@@ -226,3 +226,28 @@ def test_past_its_bounds_a_job_page_draws_the_ranks_and_nodes_that_need_attentio
     summary = re.search(r'id="rank-summary">([^<]*)<', html)
     assert summary is not None and "8 ranks: 4 reporting, 3 stale, 1 never heard, 1 straggling" in summary.group(1)
     assert re.findall(r'<tr data-node="(\w+)">', html) == ["n1", "n3"] and 'id="node-summary">4 nodes' in html
+
+
+def test_the_timeline_draws_one_marker_for_the_events_of_a_type_at_one_point() -> None:
+    """A start of 16,384 nodes is 16,384 `running` at once: one marker says them all; another type, another point
+    or a restart keeps its own."""
+    from datetime import UTC, datetime, timedelta
+
+    from api.database.tables import Event, Job
+    from api.services.dashboard import timeline
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    job = Job(created_at=start, finished_at=start + timedelta(seconds=600))
+
+    def event(kind: str, at_s: float, n: int) -> Event:
+        at = start + timedelta(seconds=at_s)
+        return Event(type=kind, ts=at, attempt=0, rank=n, node=f"n{n}", step=0, details={}, key=f"{kind}{n}")
+
+    events = [event("running", 300, n) for n in range(5000)]
+    events += [event("checkpoint_saved", 300, 0), event("running", 500, 0)]
+    events += [event("injob_restart", 400, 0), event("injob_restart", 400, 1)]
+    markers = timeline(job, sorted(events, key=lambda e: e.ts), start + timedelta(seconds=600)).markers
+    drawn = [(m.type, m.more) for m in markers]
+    assert drawn == [("running", 4999), ("checkpoint_saved", 0), ("injob_restart", 0), ("injob_restart", 0)] + [
+        ("running", 0)
+    ]
