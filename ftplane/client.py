@@ -13,6 +13,7 @@ import httpx
 from api.core.config import get_settings
 
 ADMIN_TOKEN_FILE = "admin-token"
+RANKS_PAGE = 10_000  # ranks a request: a job may have 131,072
 
 
 class ApiFailure(Exception):
@@ -109,7 +110,14 @@ class Client:
             cursor = int(page["next_cursor"])
 
     def ranks(self, job_id: str) -> list[dict[str, Any]]:
-        return list(self.request("GET", f"/v1/jobs/{job_id}/ranks"))
+        """Every rank's newest heartbeat, a page of RANKS_PAGE at a time."""
+        ranks: list[dict[str, Any]] = []
+        while True:
+            params = {"after": ranks[-1]["rank"] if ranks else -1, "limit": RANKS_PAGE}
+            page = list(self.request("GET", f"/v1/jobs/{job_id}/ranks", params=params))
+            ranks.extend(page)
+            if len(page) < RANKS_PAGE:
+                return ranks
 
     def inject(self, job_id: str, fault: dict[str, Any]) -> dict[str, Any]:
         return dict(self.request("POST", f"/v1/jobs/{job_id}/faults", json=fault))

@@ -69,8 +69,10 @@ def write_ranks(session: Session, rows: list[dict[str, Any]]) -> None:
     _RANK_UPSERT.write(session, rows)
 
 
-def ranks(session: Session, job_id: str) -> list[RankLiveness]:
-    return list(session.scalars(select(RankLiveness).where(RankLiveness.job_id == job_id).order_by(RankLiveness.rank)))
+def ranks(session: Session, job_id: str, *, after: int = -1, limit: int | None = None) -> list[RankLiveness]:
+    """The job's ranks above `after`, by rank, at most `limit` (all when None)."""
+    query = select(RankLiveness).where(RankLiveness.job_id == job_id, RankLiveness.rank > after)
+    return list(session.scalars(query.order_by(RankLiveness.rank).limit(limit)))
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,10 @@ def write_nodes(session: Session, rows: list[dict[str, Any]]) -> None:
     _NODE_UPSERT.write(session, rows)
 
 
-def of_job(session: Session, job_id: str) -> list[NodeLiveness]:
-    return list(session.scalars(select(NodeLiveness).where(NodeLiveness.job_id == job_id).order_by(NodeLiveness.node)))
+def of_job(session: Session, job_id: str, *, after: str = "", limit: int | None = None) -> list[NodeLiveness]:
+    """The job's nodes named after `after`, by name, at most `limit` (all when None)."""
+    query = select(NodeLiveness).where(NodeLiveness.job_id == job_id, NodeLiveness.node > after)
+    return list(session.scalars(query.order_by(NodeLiveness.node).limit(limit)))
 
 
 def count(session: Session, job_id: str, attempt: int) -> int:

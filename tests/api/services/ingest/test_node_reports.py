@@ -67,6 +67,38 @@ def test_a_jobs_step_time_is_the_median_of_its_ranks_measured_ones(admin: TestCl
     assert admin.get(f"/v1/jobs/{job['id']}").json()["progress"]["step_time_s"] == pytest.approx(0.5)
 
 
+def test_a_jobs_ranks_and_nodes_come_a_page_at_a_time(
+    admin: TestClient, make_job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job of 131,072 ranks is 25 MB of ranks: a tool pages them by rank (nodes by name); the client does."""
+    from ftplane import client
+
+    job = make_job()
+    trainer = as_trainer(admin, job["token"])
+    for n in range(3):
+        ranks = (2 * n, 2 * n + 1)
+        beats = [{"rank": r, "step": 1} for r in ranks]
+        sent = trainer.post(f"/v1/jobs/{job['id']}/reports", json=report(node=f"n{n}", ranks=ranks, heartbeats=beats))
+        assert sent.status_code == 200, sent.text
+
+    def listed(what: str, **params: Any) -> list[Any]:
+        response = admin.get(f"/v1/jobs/{job['id']}/{what}", params=params)
+        assert response.status_code == 200, response.text
+        return [item["rank" if what == "ranks" else "node"] for item in response.json()]
+
+    assert listed("ranks") == [0, 1, 2, 3, 4, 5]
+    assert listed("ranks", limit=4) == [0, 1, 2, 3] and listed("ranks", after=3, limit=4) == [4, 5]
+    assert listed("ranks", after=5) == [] and listed("nodes", after="n0", limit=1) == ["n1"]
+    assert listed("nodes") == ["n0", "n1", "n2"] and listed("nodes", after="n1") == ["n2"]
+    for what, params, field in (("ranks", {"limit": 0}, "limit"), ("ranks", {"after": -2}, "after")):
+        refused = admin.get(f"/v1/jobs/{job['id']}/{what}", params=params)
+        assert refused.status_code == 422 and field in refused.text
+    monkeypatch.setattr(client, "RANKS_PAGE", 4)
+    api = client.Client(token="unused")
+    api.http = admin  # the app in this process (a TestClient is an httpx.Client)
+    assert [r["rank"] for r in api.ranks(job["id"])] == [0, 1, 2, 3, 4, 5]
+
+
 def test_who_may_report(admin: TestClient, make_job: Any) -> None:
     job, other = make_job(), make_job()
     anonymous = TestClient(admin.app)
