@@ -1,13 +1,15 @@
 """A big job's page: what one viewer of the dashboard costs the API, by the job's size.
 
 The job page's live part (`GET /ui/jobs/{id}/live`) is drawn again every 2 s for each open page, and
-`GET /v1/jobs/{id}` is what the CLI and internal tools poll. For each size a fresh PostgreSQL database holds one
-job as a user submits it (kubernetes backend, never launched here, moved to RUNNING by the lifecycle) whose every
-node reported once through the report route's validation (`NodeReport`) and the API's liveness writer; one node
-of each job has been silent past the heartbeat timeout and one rank is in an open straggler episode, so a page has
-something that needs attention. The API runs under uvicorn as `ftplane serve` runs it (one worker process); this
-benchmark asks for each page `--requests` times, one after the other as one viewer would, timing each on its own
-clock, and meters the API's CPU over them (and over as many `GET /healthz`, the same run's baseline).
+`GET /v1/jobs/{id}` is what the CLI and internal tools poll; a tool lists the job's ranks all at once
+(`GET /v1/jobs/{id}/ranks`) or a page at a time (`?limit=10000`, the client's page). For each size a fresh
+PostgreSQL database holds one job as a user submits it (kubernetes backend, never launched here, moved to RUNNING
+by the lifecycle) whose every node reported once through the report route's validation (`NodeReport`) and the API's
+liveness writer; one node of each job has been silent past the heartbeat timeout and one rank is in an open
+straggler episode, so a page has something that needs attention. The API runs under uvicorn as `ftplane serve`
+runs it (one worker process); this benchmark asks for each page `--requests` times, one after the other as one
+viewer would, timing each on its own clock, and meters the API's CPU over them (and over as many `GET /healthz`,
+the same run's baseline).
 
     .venv/bin/python -m bench.job_page                     # 2,048 to 131,072 ranks, ~2 min; --json OUT
 """
@@ -92,6 +94,8 @@ def run(args: argparse.Namespace, nodes: int) -> list[PageFigures]:
                         ("GET /healthz", "/healthz", args.requests * HEALTHZ_TIMES),
                         ("GET /v1/jobs/{id}", f"/v1/jobs/{job_id}", args.requests),
                         ("GET /ui/jobs/{id}/live", f"/ui/jobs/{job_id}/live", args.requests),
+                        ("GET /v1/jobs/{id}/ranks", f"/v1/jobs/{job_id}/ranks", args.requests),
+                        ("GET /v1/jobs/{id}/ranks?limit=10000", f"/v1/jobs/{job_id}/ranks?limit=10000", args.requests),
                     ]
                     return [_measure(client, meter, *page, nodes) for page in pages]
     finally:

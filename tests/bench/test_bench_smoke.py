@@ -177,13 +177,14 @@ def test_job_page_smoke(tmp_path: Path) -> None:
     out = tmp_path / "job_page.json"
     argv = ["--nodes", "300", "--requests", "2", "--json", str(out)]
     assert job_page.main([*argv, "--database-url", require(PG_URL, "FTPLANE_TEST_DATABASE_URL")]) == 0
-    healthz, detail, live = json.loads(out.read_text())
+    healthz, detail, live, ranks, page = json.loads(out.read_text())
     assert [f["request"] for f in (healthz, detail, live)] == [
         "GET /healthz",
         "GET /v1/jobs/{id}",
         "GET /ui/jobs/{id}/live",
     ]
     assert live["ranks"] == 2400 and 0 < live["bytes"] < 2400 * 100 and detail["api_cpu_ms"] > 0
+    assert ranks["bytes"] == page["bytes"] > 0  # a page of 10,000 holds the 2,400 ranks
 
 
 def test_auth_smoke(tmp_path: Path) -> None:
