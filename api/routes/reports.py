@@ -43,6 +43,7 @@ from api.schemas.events import (
 from api.schemas.reports import NodeOut, NodeReport, ReportResult
 from api.services import lifecycle
 from api.services.ingest import caches, liveness_writer, node_report, reporting
+from api.services.job_liveness_view import is_stale
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["reports"])
 
@@ -195,10 +196,9 @@ def list_ranks(
 
 
 def _staleness(job: Job) -> Callable[[RankLiveness | NodeLiveness], bool]:
-    """Whether a liveness row of the job is stale: its current attempt's, silent past the heartbeat timeout."""
+    """Whether a liveness row of the job is stale (`is_stale`, the heartbeat timeout ago from now)."""
     cutoff = utcnow() - timedelta(seconds=lifecycle.spec_of(job).resiliency.heartbeat_timeout_s)
-    running = job.status not in lifecycle.TERMINAL
-    return lambda row: running and row.attempt == job.attempt and row.last_seen < cutoff
+    return lambda row: is_stale(job, row, cutoff)
 
 
 def document(app: FastAPI) -> None:

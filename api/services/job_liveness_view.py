@@ -67,6 +67,12 @@ class NodesView:
     every_node: bool  # a row for every node; else only those that need attention (`rows`)
 
 
+def is_stale(job: Job, row: RankLiveness | NodeLiveness, cutoff: datetime) -> bool:
+    """A liveness row is stale while the job runs: its current attempt's, not heard since `cutoff` (the heartbeat
+    timeout ago). GET /ranks and /nodes and the job page say so by this rule."""
+    return job.status not in lifecycle.TERMINAL and row.attempt == job.attempt and row.last_seen < cutoff
+
+
 def ranks_view(
     session: Session, job: Job, world_size: int, timeout_s: float, now: datetime, threshold: float = 0.85
 ) -> RanksView:
@@ -119,7 +125,7 @@ def rank_cells(
         if row is None:
             cells.append(RankCell(rank=rank, seen=False, stale=False))
             continue
-        stale = row.attempt == job.attempt and row.last_seen < cutoff and job.status not in lifecycle.TERMINAL
+        stale = is_stale(job, row, cutoff)
         cells.append(
             RankCell(
                 rank=rank,
